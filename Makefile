@@ -1,0 +1,33 @@
+# Two entry points (see README): `make explore` and `make test`. Both set up a local virtual
+# environment from pyproject.toml first, so they work from a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
+
+.PHONY: setup explore test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[ui,test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+explore: setup
+	$(PY) -m explorer plan --model gpt --preset tiny --mesh 4
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
+
+test: lint
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) benchmarks/trace_bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,12 @@
+"""explorer: profile-based intra-operator parallelism plans for JAX training steps (CFP).
+
+Public verbs only; the stages live in their own modules and `pipeline` chains them.
+"""
+
+from explorer import models
+from explorer.errors import ExplorerError
+from explorer.ir import Graph
+from explorer.trace import trace
+
+__all__ = ["ExplorerError", "Graph", "models", "trace"]
+__version__ = "0.1.0"

@@ -1,0 +1,284 @@
+"""The only module that touches jaxpr internals.
+
+JAX's public API gives us `jax.make_jaxpr`, but reading the equations (primitives, params,
+variables, name stacks, source lines) needs `jax._src` objects whose names move between
+releases. Everything version-dependent is funnelled through here, and the rest of the package
+sees plain Python data: `FlatProgram` of `FlatEqn`s over integer value ids.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax._src import core as jax_core
+from jax._src import source_info_util
+
+from explorer.errors import (
+    CONTROL_FLOW_HINT,
+    GENERIC_HINT,
+    UnsupportedPrimitiveError,
+)
+
+# Primitives whose body is a jaxpr we can splice into the parent: they add no semantics
+# beyond "call this function" for the purpose of sharding analysis. `remat2` loses its
+# rematerialisation policy when inlined, which only matters for memory estimates of
+# checkpointed models.
+_INLINE_PARAM = {
+    "jit": "jaxpr",
+    "pjit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "remat": "jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_lin": None,  # never appears after make_jaxpr, listed to reject clearly
+}
+
+_CONTROL_FLOW = {"scan", "while", "cond", "switch", "fori_loop"}
+
+JAX_VERSION = jax.__version__
+
+# Dtype-valued params are kept as their names; anything not plain data (jaxprs, shardings,
+# callables) is dropped from the params we expose.
+_PLAIN = (int, float, bool, str, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class FlatEqn:
+    """One primitive application with its operands renamed to integer value ids.
+
+    `invars` entries are value ids; literals and closed-over constants are values too (their
+    content sits in `FlatProgram.constants`).
+    """
+
+    primitive: Any  # jax Primitive, kept to re-bind the op when realising a sharded program
+    params: dict[str, Any]
+    invars: tuple[int, ...]
+    outvars: tuple[int, ...]
+    name_stack: str
+    source: str
+    source_line: str
+
+
+@dataclass(frozen=True, slots=True)
+class FlatProgram:
+    """An inlined jaxpr: equations in topological order over integer value ids."""
+
+    eqns: tuple[FlatEqn, ...]
+    invars: tuple[int, ...]
+    outvars: tuple[int, ...]
+    avals: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per value id
+    constants: dict[int, Any]  # value id -> concrete constant (literals, closed-over consts)
+
+
+def make_jaxpr(fn: Callable[..., Any], *args: Any) -> Any:
+    """`jax.make_jaxpr` with the tree of outputs; split out so trace.py can wrap errors."""
+    return jax.make_jaxpr(fn, return_shape=True)(*args)
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return str(np.dtype(dtype))
+    except TypeError:
+        return str(dtype)  # extended dtypes such as PRNG keys
+
+
+def _aval_of(var: Any) -> tuple[tuple[int, ...], str]:
+    aval = var.aval
+    shape = tuple(int(d) for d in getattr(aval, "shape", ()))
+    return shape, _dtype_name(getattr(aval, "dtype", "opaque"))
+
+
+def plain_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The params that describe the op's semantics, as plain hashable Python data."""
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        plain = _to_plain(value)
+        if plain is not _DROP:
+            out[key] = plain
+    return out
+
+
+_DROP = object()
+
+
+def _to_plain(value: Any) -> Any:
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (np.dtype, type)) or hasattr(value, "dtype") and hasattr(value, "kind"):
+        try:
+            return str(np.dtype(value))
+        except TypeError:
+            return _DROP
+    if isinstance(value, (tuple, list)):
+        items = tuple(_to_plain(v) for v in value)
+        return _DROP if any(i is _DROP for i in items) else items
+    if hasattr(value, "name") and type(value).__module__.startswith(("jax", "enum")):
+        return str(value.name)  # enums such as GatherScatterMode, RoundingMethod
+    if hasattr(value, "_asdict"):  # NamedTuple dimension numbers
+        return _to_plain(tuple(value))
+    try:
+        return str(np.dtype(value))
+    except TypeError:
+        return _DROP
+
+
+def _strip_transforms(component: str) -> str:
+    while True:
+        m = re.fullmatch(r"\w+\((.*)\)", component)
+        if not m:
+            return component
+        component = m.group(1)
+
+
+def scope_of(name_stack: str) -> str:
+    """The user's scope path with autodiff/vmap wrappers removed: `transpose(jvp(a))/b` -> `a/b`."""
+    parts = (_strip_transforms(p) for p in name_stack.split("/"))
+    return "/".join(p for p in parts if p)
+
+
+def is_transposed(name_stack: str) -> bool:
+    """True for equations produced by transposition (the backward pass of `jax.grad`)."""
+    return "transpose(" in name_stack
+
+
+def is_linearized(name_stack: str) -> bool:
+    return "jvp(" in name_stack
+
+
+def _join_stack(outer: str, inner: str) -> str:
+    return "/".join(s for s in (outer, inner) if s)
+
+
+def flatten(closed_jaxpr: Any) -> FlatProgram:
+    """Inline every call-like primitive of `closed_jaxpr` into one flat list of equations.
+
+    Raises UnsupportedPrimitiveError for control flow and for any other primitive that carries
+    a sub-jaxpr we do not know how to splice.
+    """
+    ids: dict[Any, int] = {}
+    avals: list[tuple[tuple[int, ...], str]] = []
+    constants: dict[int, Any] = {}
+    eqns: list[FlatEqn] = []
+
+    def new_value(aval: tuple[tuple[int, ...], str]) -> int:
+        avals.append(aval)
+        return len(avals) - 1
+
+    def bind_var(var: Any) -> int:
+        vid = new_value(_aval_of(var))
+        ids[var] = vid
+        return vid
+
+    def read(var: Any, env: dict[Any, int]) -> int:
+        if isinstance(var, jax_core.Literal):
+            vid = new_value(_aval_of(var))
+            constants[vid] = var.val
+            return vid
+        return env[var]
+
+    def inline(jaxpr: Any, consts: Sequence[Any], args: Sequence[int], stack: str) -> list[int]:
+        env: dict[Any, int] = {}
+        for var, const in zip(jaxpr.constvars, consts, strict=True):
+            vid = new_value(_aval_of(var))
+            constants[vid] = const
+            env[var] = vid
+        for var, vid in zip(jaxpr.invars, args, strict=True):
+            env[var] = vid
+        for eqn in jaxpr.eqns:
+            eqn_stack = _join_stack(stack, str(eqn.source_info.name_stack))
+            name = eqn.primitive.name
+            operands = [read(v, env) for v in eqn.invars]
+            sub = _sub_jaxpr(eqn)
+            if name in _INLINE_PARAM and sub is not None:
+                sub_jaxpr, sub_consts = sub
+                results = inline(sub_jaxpr, sub_consts, operands, eqn_stack)
+                for var, vid in zip(eqn.outvars, results, strict=True):
+                    env[var] = vid
+                continue
+            if name in _CONTROL_FLOW or sub is not None:
+                hint = CONTROL_FLOW_HINT if name in _CONTROL_FLOW else GENERIC_HINT
+                raise UnsupportedPrimitiveError(name, user_location(eqn.source_info), hint)
+            outs = []
+            for var in eqn.outvars:
+                vid = new_value(_aval_of(var))
+                if not isinstance(var, jax_core.DropVar):
+                    env[var] = vid
+                outs.append(vid)
+            eqns.append(
+                FlatEqn(
+                    primitive=eqn.primitive,
+                    params=dict(eqn.params),
+                    invars=tuple(operands),
+                    outvars=tuple(outs),
+                    name_stack=eqn_stack,
+                    source=source_info_util.summarize(eqn.source_info),
+                    source_line=user_location(eqn.source_info),
+                )
+            )
+        return [read(v, env) for v in jaxpr.outvars]
+
+    jaxpr = closed_jaxpr.jaxpr
+    top_env_args = [bind_var(v) for v in jaxpr.invars]
+    outvars = inline(jaxpr, closed_jaxpr.consts, top_env_args, "")
+    return FlatProgram(
+        eqns=tuple(eqns),
+        invars=tuple(top_env_args),
+        outvars=tuple(outvars),
+        avals=tuple(avals),
+        constants=constants,
+    )
+
+
+def _sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
+    """The (jaxpr, consts) an equation calls, if it carries exactly one we could inline."""
+    key = _INLINE_PARAM.get(eqn.primitive.name)
+    candidates = [eqn.params[key]] if key and key in eqn.params else list(eqn.params.values())
+    for value in candidates:
+        if isinstance(value, jax_core.ClosedJaxpr):
+            return value.jaxpr, value.consts
+        if isinstance(value, jax_core.Jaxpr):
+            return value, ()
+        if isinstance(value, (tuple, list)) and any(
+            isinstance(v, (jax_core.ClosedJaxpr, jax_core.Jaxpr)) for v in value
+        ):
+            return value, ()  # branches of cond/switch: reported as unsupported by the caller
+    return None
+
+
+def user_location(source_info: Any) -> str:
+    """`file:line (function)` of the innermost user frame, or '<unknown>'."""
+    frame = source_info_util.user_frame(source_info.traceback)
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+
+
+def evaluate(
+    program: FlatProgram,
+    args: Sequence[Any],
+    on_value: Callable[[int, Any], Any] | None = None,
+) -> list[Any]:
+    """Re-execute a flat program by binding each primitive in order.
+
+    `on_value(value_id, array)` may return a replacement array (e.g. the array with a sharding
+    constraint applied); it is called for every input and every op result.
+    """
+    env: dict[int, Any] = dict(program.constants)
+    for vid, arg in zip(program.invars, args, strict=True):
+        env[vid] = on_value(vid, arg) if on_value else arg
+    for eqn in program.eqns:
+        results = eqn.primitive.bind(*(env[v] for v in eqn.invars), **eqn.params)
+        if not eqn.primitive.multiple_results:
+            results = (results,)
+        for vid, result in zip(eqn.outvars, results, strict=True):
+            env[vid] = on_value(vid, result) if on_value else result
+    return [env[v] for v in program.outvars]

@@ -1,0 +1,56 @@
+"""Every error the explorer raises on purpose.
+
+Messages follow one rule: say what was expected, what was found, where (op, tensor, shape,
+mesh axis), and how to fix it when we know. Long message templates live here as constants so
+that the stage modules stay readable.
+"""
+
+from __future__ import annotations
+
+
+class ExplorerError(Exception):
+    """Base class of every error the explorer raises on purpose."""
+
+
+class TraceError(ExplorerError):
+    """The step function could not be traced into a flat graph."""
+
+
+class UnsupportedPrimitiveError(TraceError):
+    """The step uses a primitive the tracer does not inline (scan, while, cond, ...)."""
+
+    def __init__(self, primitive: str, where: str, hint: str) -> None:
+        self.primitive = primitive
+        self.where = where
+        super().__init__(
+            UNSUPPORTED_PRIMITIVE.format(primitive=primitive, where=where, hint=hint)
+        )
+
+
+class ArgumentMismatchError(TraceError):
+    """The example arguments do not match what the step expects."""
+
+
+class MeshError(ExplorerError):
+    """A mesh shape or axis specification is invalid."""
+
+
+class AnalysisError(ExplorerError):
+    """An analysis stage was asked for something it cannot give."""
+
+
+UNSUPPORTED_PRIMITIVE = (
+    "the step uses `{primitive}` at {where}, which the explorer cannot flatten into a graph of "
+    "primitive ops. {hint}"
+)
+
+CONTROL_FLOW_HINT = (
+    "Control flow hides the repeated layers from the analysis: unroll layers with a Python "
+    "`for` loop instead of `jax.lax.scan`/`fori_loop`, and replace `lax.cond`/`lax.switch` by "
+    "`jnp.where` or a Python `if` on static values."
+)
+
+GENERIC_HINT = (
+    "Rewrite this part of the step with ordinary jax.numpy / jax.lax operations, or move it "
+    "outside the traced training step."
+)

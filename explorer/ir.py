@@ -1,0 +1,213 @@
+"""Frozen artefacts handed from one stage to the next.
+
+Nothing here imports another module of ours: these types are the vocabulary every stage
+shares. Invariants are checked in `__post_init__` so a malformed artefact fails where it is
+made, not three stages later.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import networkx as nx
+
+
+class Role(StrEnum):
+    """Which part of the training step an op belongs to."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+
+
+class ValueKind(StrEnum):
+    """What a value of the graph is: a classified step input, a constant, or an op result."""
+
+    PARAMETER = "parameter"
+    OPTIMIZER_STATE = "optimizer_state"
+    DATA = "data"
+    RNG = "rng"
+    CONSTANT = "constant"
+    INTERMEDIATE = "intermediate"
+
+
+INPUT_KINDS = (ValueKind.PARAMETER, ValueKind.OPTIMIZER_STATE, ValueKind.DATA, ValueKind.RNG)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        try:
+            itemsize = np.dtype(self.dtype).itemsize
+        except TypeError:  # PRNG key and other extended dtypes: two uint32 words
+            itemsize = 8
+        return self.size * itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Value:
+    """A tensor of the graph: a step input, a constant or the result of one op."""
+
+    id: int
+    type: TensorType
+    kind: ValueKind
+    producer: int | None = None  # op id, None for inputs and constants
+    path: str = ""  # pytree path for step inputs and outputs, e.g. "params['w']"
+
+    def __post_init__(self) -> None:
+        if (self.producer is None) == (self.kind is ValueKind.INTERMEDIATE):
+            raise ValueError(
+                f"value {self.id}: kind {self.kind} and producer {self.producer} disagree "
+                "(intermediates have a producer, inputs and constants do not)"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class OpNode:
+    """One primitive op of the inlined training step."""
+
+    id: int
+    primitive: str
+    params: tuple[tuple[str, Any], ...]  # semantic params as plain data, sorted by name
+    inputs: tuple[int, ...]  # value ids
+    outputs: tuple[int, ...]  # value ids
+    input_types: tuple[TensorType, ...]
+    output_types: tuple[TensorType, ...]
+    role: Role
+    scope: str  # user scope with autodiff wrappers removed, e.g. "layer_0/attn"
+    name_stack: str  # JAX's name stack, e.g. "transpose(jvp(layer_0/attn))"
+    source: str  # "file:line (function)" of the user frame
+    depth: int  # longest path from any step input, in ops
+    forward_op: int | None = None  # for a backward op: the forward op it was derived from
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.input_types) or len(self.outputs) != len(
+            self.output_types
+        ):
+            raise ValueError(f"op {self.id} ({self.primitive}): value ids and types disagree")
+        if self.forward_op is not None and self.role is not Role.BACKWARD:
+            raise ValueError(f"op {self.id}: only backward ops link to a forward op")
+
+    def param(self, name: str, default: Any = None) -> Any:
+        for key, value in self.params:
+            if key == name:
+                return value
+        return default
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    def __str__(self) -> str:
+        ins = ", ".join(map(str, self.input_types))
+        outs = ", ".join(map(str, self.output_types))
+        return f"#{self.id} {self.primitive}({ins}) -> {outs} [{self.role}] {self.scope}"
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    """A training step as a flat graph of primitive ops, in topological order.
+
+    `ops[i].id == i` and `values[j].id == j`. `program` is the opaque inlined program used to
+    re-execute the step with sharding constraints (see realize.py); it takes no part in
+    equality.
+    """
+
+    ops: tuple[OpNode, ...]
+    values: tuple[Value, ...]
+    inputs: tuple[int, ...]  # value ids of the flattened step arguments, in order
+    outputs: tuple[int, ...]  # value ids of the flattened step results, in order
+    program: Any = field(default=None, compare=False, repr=False)
+    in_tree: Any = field(default=None, compare=False, repr=False)
+    out_tree: Any = field(default=None, compare=False, repr=False)
+    _users: tuple[tuple[int, ...], ...] = field(
+        default=(), init=False, compare=False, repr=False
+    )
+    _nx: Any = field(default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for index, op in enumerate(self.ops):
+            if op.id != index:
+                raise ValueError(f"op at position {index} has id {op.id}")
+        for index, value in enumerate(self.values):
+            if value.id != index:
+                raise ValueError(f"value at position {index} has id {value.id}")
+        users: list[list[int]] = [[] for _ in self.values]
+        for op in self.ops:
+            for vid in op.inputs:
+                if not users[vid] or users[vid][-1] != op.id:
+                    users[vid].append(op.id)
+        object.__setattr__(self, "_users", tuple(tuple(u) for u in users))
+
+    # -- navigation -------------------------------------------------------------------------
+
+    def users(self, value_id: int) -> tuple[int, ...]:
+        """Ids of the ops that read `value_id`, in program order."""
+        return self._users[value_id]
+
+    def producer(self, value_id: int) -> OpNode | None:
+        producer = self.values[value_id].producer
+        return None if producer is None else self.ops[producer]
+
+    def ops_with_role(self, role: Role) -> tuple[OpNode, ...]:
+        return tuple(op for op in self.ops if op.role is role)
+
+    def inputs_of_kind(self, kind: ValueKind) -> tuple[Value, ...]:
+        return tuple(self.values[v] for v in self.inputs if self.values[v].kind is kind)
+
+    def contractions(self) -> Iterator[OpNode]:
+        return (op for op in self.ops if op.primitive == "dot_general")
+
+    @property
+    def nx(self) -> nx.MultiDiGraph:
+        """networkx view: one node per op (attribute `op`), one edge per value read."""
+        if self._nx is None:
+            import networkx
+
+            view = networkx.MultiDiGraph()
+            for op in self.ops:
+                view.add_node(op.id, op=op, primitive=op.primitive, role=str(op.role))
+            for op in self.ops:
+                for vid in op.inputs:
+                    producer = self.values[vid].producer
+                    if producer is not None:
+                        view.add_edge(producer, op.id, key=vid, value=vid)
+            object.__setattr__(self, "_nx", view)
+        return self._nx
+
+    def role_counts(self) -> Mapping[Role, int]:
+        counts = {role: 0 for role in Role}
+        for op in self.ops:
+            counts[op.role] += 1
+        return counts
+
+    def summary(self) -> str:
+        counts = self.role_counts()
+        kinds = {kind: len(self.inputs_of_kind(kind)) for kind in INPUT_KINDS}
+        return (
+            f"Graph: {len(self.ops)} ops ({', '.join(f'{n} {r}' for r, n in counts.items())}), "
+            f"{sum(1 for _ in self.contractions())} dot_general; inputs: "
+            + ", ".join(f"{n} {k}" for k, n in kinds.items())
+        )
