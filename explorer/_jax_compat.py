@@ -44,6 +44,20 @@ _INLINE_PARAM = {
 
 _CONTROL_FLOW = {"scan", "while", "cond", "switch", "fori_loop"}
 
+# Primitives that run a body we cannot flatten into the parent graph. Other primitives may
+# carry a jaxpr as a parameter too (scatter's update computation, generic reduce), and those
+# are ordinary ops.
+_OPAQUE_BODIES = {
+    "custom_linear_solve",
+    "custom_transpose_call",
+    "shard_map",
+    "xla_pmap",
+    "xla_call",
+    "pure_callback",
+    "io_callback",
+    "linear_call",
+}
+
 JAX_VERSION = jax.__version__
 
 # Dtype-valued params are kept as their names; anything not plain data (jaxprs, shardings,
@@ -204,7 +218,7 @@ def flatten(closed_jaxpr: Any) -> FlatProgram:
                 for var, vid in zip(eqn.outvars, results, strict=True):
                     env[var] = vid
                 continue
-            if name in _CONTROL_FLOW or sub is not None:
+            if name in _CONTROL_FLOW or name in _OPAQUE_BODIES:
                 hint = CONTROL_FLOW_HINT if name in _CONTROL_FLOW else GENERIC_HINT
                 raise UnsupportedPrimitiveError(name, user_location(eqn.source_info), hint)
             outs = []

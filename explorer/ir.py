@@ -211,3 +211,157 @@ class Graph:
             f"{sum(1 for _ in self.contractions())} dot_general; inputs: "
             + ", ".join(f"{n} {k}" for k, n in kinds.items())
         )
+
+
+# -- ParallelBlocks and the configuration space -------------------------------------------------
+
+
+class DimRole(StrEnum):
+    """The partitionable dims of a block's head contraction (paper Sec. 4.2).
+
+    E: the dot's batch dim (the expert dim of a batched expert matmul); M: the first free dim
+    of the left operand (batch / rows); N: the first free dim of the right operand (columns);
+    K: the contracted dim (leaves partial sums, so the head's result is all-reduced).
+    """
+
+    E = "E"
+    M = "M"
+    N = "N"
+    K = "K"
+
+
+@dataclass(frozen=True, slots=True)
+class ValueLayout:
+    """Which dim of a value each role's split lands on (after propagation through the block)."""
+
+    value: int
+    dims: tuple[tuple[DimRole, int], ...]
+
+    def dim_of(self, role: DimRole) -> int | None:
+        for r, d in self.dims:
+            if r is role:
+                return d
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class OperandLayout:
+    """A layout the block requires of one operand of one of its ops (consumer side)."""
+
+    op: int
+    position: int
+    layout: ValueLayout
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One partition choice of a block: which mesh axes split which head dim roles."""
+
+    assignment: tuple[tuple[DimRole, tuple[str, ...]], ...]
+
+    @property
+    def name(self) -> str:
+        if not self.assignment:
+            return "replicated"
+        return ",".join(f"{role.value}@{'+'.join(axes)}" for role, axes in self.assignment)
+
+    def axes_of(self, role: DimRole) -> tuple[str, ...]:
+        for r, axes in self.assignment:
+            if r is role:
+                return axes
+        return ()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class ExcludedStrategy:
+    strategy: Strategy
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelBlock:
+    """Ops whose partition follows from the head contraction's without communication."""
+
+    index: int
+    head: int  # op id of the first contraction op
+    forward_ops: tuple[int, ...]  # the head and the forward ops the split propagates through
+    backward_ops: tuple[int, ...]  # backward ops derived from the forward members
+    branch_ops: tuple[int, ...]  # ops on parameter input branches feeding the block
+    role_sizes: tuple[tuple[DimRole, int], ...]  # size of the head dim of each role
+    layouts: tuple[ValueLayout, ...]  # values the block produces or owns (sorted by id)
+    operand_layouts: tuple[OperandLayout, ...]  # layouts the head wants of its operands
+    scope: str
+    ends: tuple[str, ...] = ()  # why the propagation stopped where it did
+    strategies: tuple[Strategy, ...] = ()
+    excluded: tuple[ExcludedStrategy, ...] = ()
+
+    def __post_init__(self) -> None:
+        members = self.forward_ops + self.backward_ops + self.branch_ops
+        if len(set(members)) != len(members):
+            raise ValueError(f"block {self.index}: an op is listed twice")
+        if self.head not in self.forward_ops:
+            raise ValueError(f"block {self.index}: head {self.head} is not a member")
+
+    @property
+    def ops(self) -> tuple[int, ...]:
+        return tuple(sorted(self.forward_ops + self.backward_ops + self.branch_ops))
+
+    @property
+    def roles(self) -> tuple[DimRole, ...]:
+        return tuple(role for role, _ in self.role_sizes)
+
+    def layout_of(self, value: int) -> ValueLayout | None:
+        for layout in self.layouts:
+            if layout.value == value:
+                return layout
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """An op or parameter wanted by several blocks; `chosen` is the block whose layout it takes."""
+
+    value: int
+    blocks: tuple[int, ...]
+    chosen: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAnalysis:
+    blocks: tuple[ParallelBlock, ...]
+    block_of_op: tuple[int | None, ...]  # per op id
+    conflicts: tuple[Conflict, ...]
+    unknown_primitives: tuple[str, ...]  # primitives the affine analysis does not know
+    parallelism: int
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for block in self.blocks:
+            ops = set(block.ops)
+            if ops & seen:
+                raise ValueError(f"blocks overlap on ops {sorted(ops & seen)[:5]}")
+            seen |= ops
+
+    def summary(self, graph: Graph) -> str:
+        lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism})"]
+        for block in self.blocks:
+            head = graph.ops[block.head]
+            inner = sum(
+                1 for o in block.forward_ops if graph.ops[o].primitive == "dot_general"
+            )
+            lines.append(
+                f"  block {block.index:3d} head #{block.head} {head.scope or '<root>'} "
+                f"{head.input_types[0]} x {head.input_types[1]}: "
+                f"{len(block.forward_ops)} fwd ({inner} dot), {len(block.backward_ops)} bwd, "
+                f"{len(block.branch_ops)} branch; roles "
+                + " ".join(f"{r.value}={n}" for r, n in block.role_sizes)
+                + (f"; strategies {', '.join(s.name for s in block.strategies)}"
+                   if block.strategies else "")
+            )
+        if self.unknown_primitives:
+            lines.append(f"  unknown primitives (end blocks): {', '.join(self.unknown_primitives)}")
+        return "\n".join(lines)

@@ -1,0 +1,449 @@
+"""Affine index dependencies between an op's operands and its result (CFP paper, Sec. 3).
+
+For an op with result `o` and operand `a`, each operand dim's index is written as a function of
+the result's indices. Every form the paper lists (identity, permutation, reshape split
+`K*a_j + a_k`, reshape merge `floor(a_k/K)`, `a_k % K`, broadcast, reduction `*`) is a mixed-radix
+number whose digits are slices of result dims, so that is the representation:
+
+    a_i = sum_k digit_k * place_k,   digit = floor(o_j / q) mod m   (or `*`: every value < m)
+
+listed most significant first. Maps compose along a path by substituting digits, and the
+paper's Eq. 2 (an even P-way block split of `a_i` is an even P-way block split of some `o_j`)
+becomes a check of the leading digit. Forms we cannot express exactly (slicing a dim, gathers,
+cumulative sums along a dim) are `Opaque`: they record which result dims they read but never
+preserve a split.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ELEMENTWISE = frozenset(
+    {
+        "abs", "acos", "acosh", "add", "add_any", "and", "asin", "asinh", "atan", "atan2",
+        "atanh", "cbrt", "ceil", "clamp", "convert_element_type", "copy", "copy_p", "cos",
+        "cosh", "div", "eq", "erf", "erf_inv", "erfc", "exp", "exp2", "expm1", "floor", "ge",
+        "gt", "imag", "integer_pow", "is_finite", "le", "lgamma", "digamma", "log", "log1p",
+        "logistic", "lt", "max", "min", "mul", "ne", "neg", "nextafter", "not", "or", "pow",
+        "real", "reduce_precision", "rem", "round", "rsqrt", "select_n", "shift_left",
+        "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt",
+        "square", "stop_gradient", "sub", "tan", "tanh", "xor", "bitcast_convert_type",
+        "population_count", "optimization_barrier",
+    }
+)  # fmt: skip
+
+REDUCTIONS = frozenset(
+    {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or",
+     "argmax", "argmin", "reduce_xor"}
+)  # fmt: skip
+
+# Ops with no tensor operand the split could flow from: they start values, never carry one.
+SOURCES = frozenset({"iota", "random_bits", "random_seed", "random_wrap", "rng_bit_generator"})
+
+CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"})
+
+
+@dataclass(frozen=True, slots=True)
+class Digit:
+    """`floor(o[dim] / q) mod m` of the result index, or `*` (all m values) when dim is None."""
+
+    dim: int | None
+    q: int
+    m: int
+
+    @property
+    def star(self) -> bool:
+        return self.dim is None
+
+
+@dataclass(frozen=True, slots=True)
+class DimExpr:
+    """One operand dim's index as a mixed-radix number of digits (most significant first).
+
+    `opaque` marks a dependency we cannot express (then `reads` says on which result dims).
+    An empty digit tuple is the constant 0 (a size-1 or broadcast dim).
+    """
+
+    digits: tuple[Digit, ...] = ()
+    opaque: bool = False
+    reads: tuple[int, ...] = ()
+
+    @staticmethod
+    def var(dim: int, size: int) -> DimExpr:
+        return DimExpr((Digit(dim, 1, size),) if size > 1 else ())
+
+    @staticmethod
+    def star(size: int) -> DimExpr:
+        return DimExpr((Digit(None, 1, size),) if size > 1 else ())
+
+    @staticmethod
+    def unknown(reads: Sequence[int]) -> DimExpr:
+        return DimExpr((), True, tuple(sorted(set(reads))))
+
+    @property
+    def size(self) -> int:
+        return math.prod(d.m for d in self.digits)
+
+    def result_dims(self) -> tuple[int, ...]:
+        if self.opaque:
+            return self.reads
+        return tuple(sorted({d.dim for d in self.digits if d.dim is not None}))
+
+
+@dataclass(frozen=True, slots=True)
+class AffineMap:
+    """Operand index as a function of result index: one `DimExpr` per operand dim."""
+
+    operand_shape: tuple[int, ...]
+    result_shape: tuple[int, ...]
+    exprs: tuple[DimExpr, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.exprs) != len(self.operand_shape):
+            raise ValueError("one DimExpr per operand dim expected")
+
+    def compose(self, inner: AffineMap) -> AffineMap:
+        """`self` maps T0 <- T1, `inner` maps T1 <- T2; the result maps T0 <- T2."""
+        if inner.operand_shape != self.result_shape:
+            raise ValueError(
+                f"cannot compose: {inner.operand_shape} is not {self.result_shape}"
+            )
+        return AffineMap(
+            self.operand_shape,
+            inner.result_shape,
+            tuple(_substitute(e, inner) for e in self.exprs),
+        )
+
+    def evaluate(self, index: Sequence[int]) -> list[tuple[int, ...]]:
+        """Every operand index the result element at `index` reads (brute force, for tests)."""
+        per_dim: list[list[int]] = []
+        for expr in self.exprs:
+            if expr.opaque:
+                raise ValueError("an opaque dependency cannot be evaluated")
+            values = [0]
+            for digit in expr.digits:
+                options = (
+                    range(digit.m)
+                    if digit.star
+                    else [(index[digit.dim] // digit.q) % digit.m]  # type: ignore[index]
+                )
+                values = [v * digit.m + o for v in values for o in options]
+            per_dim.append(values)
+        out: list[tuple[int, ...]] = [()]
+        for values in per_dim:
+            out = [prefix + (v,) for prefix in out for v in values]
+        return out
+
+    def split_target(self, operand_dim: int, parts: int) -> int | None:
+        """Eq. 2: the result dim an even `parts`-way split of `operand_dim` maps to, if any.
+
+        Holds when the operand dim's leading digit is the top of one result dim `j`
+        (`q * m == O_j`) and `parts` divides that digit, so block `k` of the operand dim is
+        exactly block `k` of `o_j`.
+        """
+        if parts == 1:
+            return None
+        expr = self.exprs[operand_dim]
+        if expr.opaque or not expr.digits or self.operand_shape[operand_dim] % parts:
+            return None
+        lead = expr.digits[0]
+        if lead.star or lead.m % parts:
+            return None
+        assert lead.dim is not None
+        if lead.q * lead.m != self.result_shape[lead.dim]:
+            return None
+        return lead.dim
+
+    def split_source(self, result_dim: int, parts: int) -> int | None:
+        """The operand dim that must be split `parts` ways for `result_dim` to be (inverse)."""
+        for operand_dim in range(len(self.exprs)):
+            if self.split_target(operand_dim, parts) == result_dim:
+                return operand_dim
+        return None
+
+
+def _substitute(expr: DimExpr, inner: AffineMap) -> DimExpr:
+    if expr.opaque:
+        reads = {r for d in expr.reads for r in inner.exprs[d].result_dims()}
+        return DimExpr.unknown(sorted(reads))
+    digits: list[Digit] = []
+    for digit in expr.digits:
+        if digit.star:
+            digits.append(digit)
+            continue
+        assert digit.dim is not None
+        window = _window(inner.exprs[digit.dim], digit.q, digit.m)
+        if window is None:
+            reads = {r for d in expr.result_dims() for r in inner.exprs[d].result_dims()}
+            return DimExpr.unknown(sorted(reads))
+        digits.extend(window)
+    return DimExpr(_merge(digits))
+
+
+def _window(expr: DimExpr, q: int, m: int) -> list[Digit] | None:
+    """Digits of `floor(expr / q) mod m`, or None when digit boundaries do not line up.
+
+    A digit spanning place values [lo, hi) contributes its slice [a, b) inside the window
+    [q, q*m) exactly when a is a multiple of lo, b of a, and hi of b (then no carry crosses
+    the cut). Window places above the number's top are zeros and add no digit.
+    """
+    if expr.opaque:
+        return None
+    out: list[Digit] = []
+    place = 1
+    low, high = q, q * m
+    for digit in reversed(expr.digits):
+        lo, hi = place, place * digit.m
+        place = hi
+        a, b = max(lo, low), min(hi, high)
+        if a >= b:
+            continue
+        if a % lo or b % a or hi % b:
+            return None
+        width = b // a
+        out.append(Digit(None, 1, width) if digit.star else Digit(digit.dim, digit.q * (a // lo), width))
+    if place < high and (place > low and place % low):
+        return None
+    return list(reversed(out))
+
+
+def _merge(digits: list[Digit]) -> tuple[Digit, ...]:
+    """Fuse adjacent digits that are consecutive slices of the same dim (or both `*`)."""
+    out: list[Digit] = []
+    for digit in digits:
+        if digit.m == 1:
+            continue
+        if out:
+            prev = out[-1]
+            if prev.star and digit.star:
+                out[-1] = Digit(None, 1, prev.m * digit.m)
+                continue
+            if (
+                prev.dim is not None
+                and prev.dim == digit.dim
+                and prev.q == digit.q * digit.m
+            ):
+                out[-1] = Digit(prev.dim, digit.q, prev.m * digit.m)
+                continue
+        out.append(digit)
+    return tuple(out)
+
+
+# -- per-primitive maps -----------------------------------------------------------------------
+
+
+def identity(shape: tuple[int, ...]) -> AffineMap:
+    return AffineMap(shape, shape, tuple(DimExpr.var(i, n) for i, n in enumerate(shape)))
+
+
+def transpose(shape: tuple[int, ...], permutation: Sequence[int]) -> AffineMap:
+    result = tuple(shape[p] for p in permutation)
+    exprs = [DimExpr()] * len(shape)
+    for out_dim, in_dim in enumerate(permutation):
+        exprs[in_dim] = DimExpr.var(out_dim, shape[in_dim])
+    return AffineMap(shape, result, tuple(exprs))
+
+
+def broadcast(
+    shape: tuple[int, ...], result: tuple[int, ...], dims: Sequence[int]
+) -> AffineMap:
+    exprs = tuple(
+        DimExpr.var(d, n) if n == result[d] else DimExpr() for n, d in zip(shape, dims, strict=True)
+    )
+    return AffineMap(shape, result, exprs)
+
+
+def reduce(shape: tuple[int, ...], axes: Sequence[int]) -> AffineMap:
+    exprs, out_dim = [], 0
+    for i, n in enumerate(shape):
+        if i in axes:
+            exprs.append(DimExpr.star(n))
+        else:
+            exprs.append(DimExpr.var(out_dim, n))
+            out_dim += 1
+    result = tuple(n for i, n in enumerate(shape) if i not in axes)
+    return AffineMap(shape, result, tuple(exprs))
+
+
+def reshape(shape: tuple[int, ...], result: tuple[int, ...]) -> AffineMap:
+    """Row-major reshape: each operand dim is a window of the result's linear index."""
+    if math.prod(shape) != math.prod(result):
+        raise ValueError(f"reshape {shape} -> {result} changes the size")
+    # The result's linear index as a mixed-radix number whose digits are the result dims.
+    linear = DimExpr(_merge([Digit(j, 1, n) for j, n in enumerate(result)]))
+    exprs = []
+    stride = math.prod(shape)
+    for n in shape:
+        stride //= n
+        window = _window(linear, stride, n) if n > 1 else []
+        if window is None:
+            exprs.append(DimExpr.unknown(_dims_overlapping(result, stride, n)))
+        else:
+            exprs.append(DimExpr(_merge(window)))
+    return AffineMap(shape, result, tuple(exprs))
+
+
+def _dims_overlapping(result: tuple[int, ...], stride: int, size: int) -> list[int]:
+    dims, place = [], 1
+    for j in range(len(result) - 1, -1, -1):
+        lo, hi = place, place * result[j]
+        place = hi
+        if lo < stride * size and hi > stride:
+            dims.append(j)
+    return dims
+
+
+def dot_general(
+    lhs: tuple[int, ...], rhs: tuple[int, ...], dimension_numbers: Any
+) -> tuple[AffineMap, AffineMap]:
+    (lc, rc), (lb, rb) = dimension_numbers
+    lhs_free = [d for d in range(len(lhs)) if d not in lc and d not in lb]
+    rhs_free = [d for d in range(len(rhs)) if d not in rc and d not in rb]
+    result = (
+        tuple(lhs[d] for d in lb) + tuple(lhs[d] for d in lhs_free) + tuple(rhs[d] for d in rhs_free)
+    )
+    lhs_exprs = [DimExpr()] * len(lhs)
+    rhs_exprs = [DimExpr()] * len(rhs)
+    for k, (l_dim, r_dim) in enumerate(zip(lb, rb, strict=True)):
+        lhs_exprs[l_dim] = DimExpr.var(k, lhs[l_dim])
+        rhs_exprs[r_dim] = DimExpr.var(k, rhs[r_dim])
+    for l_dim, r_dim in zip(lc, rc, strict=True):
+        lhs_exprs[l_dim] = DimExpr.star(lhs[l_dim])
+        rhs_exprs[r_dim] = DimExpr.star(rhs[r_dim])
+    offset = len(lb)
+    for k, d in enumerate(lhs_free):
+        lhs_exprs[d] = DimExpr.var(offset + k, lhs[d])
+    offset += len(lhs_free)
+    for k, d in enumerate(rhs_free):
+        rhs_exprs[d] = DimExpr.var(offset + k, rhs[d])
+    return (
+        AffineMap(lhs, result, tuple(lhs_exprs)),
+        AffineMap(rhs, result, tuple(rhs_exprs)),
+    )
+
+
+def _per_dim_unknown(
+    shape: tuple[int, ...], result: tuple[int, ...], changed: set[int]
+) -> AffineMap:
+    """Same-rank op that keeps dims outside `changed` and scrambles the ones inside."""
+    exprs = tuple(
+        DimExpr.unknown([i]) if i in changed else DimExpr.var(i, n) for i, n in enumerate(shape)
+    )
+    return AffineMap(shape, result, exprs)
+
+
+def _squeeze(shape: tuple[int, ...], dimensions: Sequence[int]) -> AffineMap:
+    exprs, out_dim = [], 0
+    for i, n in enumerate(shape):
+        if i in dimensions:
+            exprs.append(DimExpr())
+        else:
+            exprs.append(DimExpr.var(out_dim, n))
+            out_dim += 1
+    return AffineMap(shape, tuple(n for i, n in enumerate(shape) if i not in dimensions), tuple(exprs))
+
+
+def op_maps(
+    primitive: str,
+    params: dict[str, Any],
+    operand_shapes: Sequence[tuple[int, ...]],
+    result_shape: tuple[int, ...],
+) -> tuple[AffineMap | None, ...] | None:
+    """Affine maps from the first result to each operand, or None if the primitive is unknown.
+
+    A None entry means that operand has no index dependency we track (a scalar, or the index
+    operand of a gather).
+    """
+    shapes = [tuple(s) for s in operand_shapes]
+    if primitive in ELEMENTWISE:
+        # lax broadcasts size-1 dims of same-rank operands implicitly: those dims are constant
+        return tuple(
+            broadcast(s, result_shape, range(len(s))) if len(s) == len(result_shape) and s else None
+            for s in shapes
+        )
+    if primitive == "transpose":
+        return (transpose(shapes[0], params["permutation"]),)
+    if primitive == "broadcast_in_dim":
+        return (broadcast(shapes[0], result_shape, params["broadcast_dimensions"]),) + (
+            None,
+        ) * (len(shapes) - 1)
+    if primitive == "reshape":
+        return (reshape(shapes[0], result_shape),) + (None,) * (len(shapes) - 1)
+    if primitive == "squeeze":
+        return (_squeeze(shapes[0], params["dimensions"]),)
+    if primitive == "expand_dims":
+        return (reshape(shapes[0], result_shape),)
+    if primitive in REDUCTIONS:
+        return (reduce(shapes[0], params["axes"]),)
+    if primitive == "dot_general":
+        return dot_general(shapes[0], shapes[1], params["dimension_numbers"])
+    if primitive == "split":
+        return (_per_dim_unknown(shapes[0], result_shape, {params["axis"]}),)
+    if primitive in CUMULATIVE:
+        return (_per_dim_unknown(shapes[0], result_shape, {params["axis"]}),)
+    if primitive in ("slice", "pad", "rev", "dynamic_slice", "dynamic_update_slice"):
+        source = shapes[0]
+        changed = {i for i, n in enumerate(source) if n != result_shape[i]}
+        if primitive == "rev":
+            changed = set(params["dimensions"])
+        if primitive == "slice" and params.get("strides"):
+            changed |= {i for i, s in enumerate(params["strides"]) if s not in (None, 1)}
+        first = _per_dim_unknown(source, result_shape, changed)
+        rest: tuple[AffineMap | None, ...] = ()
+        if primitive == "dynamic_update_slice":
+            update = shapes[1]
+            rest = (_per_dim_unknown(update, result_shape, set(range(len(update)))),)
+        return (first, *rest) + (None,) * (len(shapes) - 1 - len(rest))
+    if primitive == "concatenate":
+        dim = params["dimension"]
+        return tuple(_per_dim_unknown(s, result_shape, {dim}) for s in shapes)
+    if primitive in ("sort", "top_k"):
+        last = len(shapes[0]) - 1
+        dim = params.get("dimension", last)
+        return tuple(
+            _per_dim_unknown(s, result_shape, {dim}) if len(s) == len(result_shape) else None
+            for s in shapes
+        )
+    if primitive in SOURCES:
+        return (None,) * len(shapes)
+    if primitive == "gather":
+        return _gather(shapes, result_shape, params)
+    return None
+
+
+def _gather(
+    shapes: list[tuple[int, ...]], result: tuple[int, ...], params: dict[str, Any]
+) -> tuple[AffineMap | None, ...] | None:
+    """Operand dims gathered whole follow the result's offset dims; the rest are opaque."""
+    numbers = params.get("dimension_numbers")
+    slice_sizes = params.get("slice_sizes")
+    if numbers is None or slice_sizes is None:
+        return None
+    try:
+        offset_dims, collapsed, start_index_map = numbers[0], numbers[1], numbers[2]
+    except (TypeError, IndexError):
+        return None
+    operand = shapes[0]
+    kept = [d for d in range(len(operand)) if d not in collapsed]
+    batching = set(numbers[3]) if len(numbers) > 3 and numbers[3] else set()
+    kept = [d for d in kept if d not in batching]
+    if len(kept) != len(offset_dims):
+        return None
+    exprs = [DimExpr.unknown(range(len(result)))] * len(operand)
+    for d, out_dim in zip(kept, offset_dims, strict=True):
+        whole = slice_sizes[d] == operand[d] and d not in start_index_map
+        exprs[d] = DimExpr.var(out_dim, operand[d]) if whole else DimExpr.unknown([out_dim])
+    operand_map = AffineMap(operand, result, tuple(exprs))
+    # indices: their leading dims are the result's non-offset dims, in order
+    indices = shapes[1]
+    batch_out = [j for j in range(len(result)) if j not in offset_dims]
+    idx_exprs = []
+    for k, n in enumerate(indices):
+        if k < len(batch_out) and k < len(indices) - 1 and n == result[batch_out[k]]:
+            idx_exprs.append(DimExpr.var(batch_out[k], n))
+        else:
+            idx_exprs.append(DimExpr() if n == 1 else DimExpr.unknown(batch_out))
+    return (operand_map, AffineMap(indices, result, tuple(idx_exprs)))

@@ -1,0 +1,395 @@
+"""ParallelBlocks: the paper's Algorithm 1, backward grouping and parameter input branches.
+
+One pass over the traced Graph:
+
+1. Forward contraction ops, sorted by depth, each start a block unless already grouped. The
+   head's partitionable dims get roles (E, M, N, K: see `DimRole`). From the head's result the
+   split of each spatial role (E, M, N) is propagated to users in program order; a user joins
+   the block when every role's split maps to an even block split of its result (Eq. 2 via
+   `affine.AffineMap.split_target`). The first user that breaks it ends the block there.
+2. Ops on parameter input branches (casts, broadcasts, transposes of a weight) join the block
+   that consumes them, with the layout that block requires, propagated backwards. A parameter
+   wanted by two blocks keeps the first block's layout and the conflict is recorded.
+3. Backward ops join the block of the forward op they were derived from (the tracer's link, or
+   failing that, the one block whose forward ops share their source line and scope), and their
+   results take the layout of the forward value of the same shape.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from explorer import affine
+from explorer.ir import (
+    BlockAnalysis,
+    Conflict,
+    DimRole,
+    Graph,
+    OperandLayout,
+    OpNode,
+    ParallelBlock,
+    Role,
+    ValueKind,
+    ValueLayout,
+)
+
+SPATIAL_ROLES = (DimRole.E, DimRole.M, DimRole.N)
+_MAX_END_REASONS = 8
+
+Layout = dict[DimRole, int]
+
+
+def build_blocks(graph: Graph, parallelism: int) -> BlockAnalysis:
+    """Group the graph's ops into ParallelBlocks for a split into `parallelism` parts."""
+    if parallelism < 1:
+        raise ValueError(f"parallelism must be >= 1, found {parallelism}")
+    state = _State(graph, parallelism)
+    heads = sorted(
+        (op for op in graph.contractions() if op.role is Role.FORWARD),
+        key=lambda op: (op.depth, op.id),
+    )
+    drafts = [state.grow(head) for head in heads if state.block_of[head.id] is None]
+    for draft in drafts:
+        state.attach_branches(draft)
+    state.attach_backward(drafts)
+    blocks = tuple(draft.freeze(graph) for draft in drafts)
+    return BlockAnalysis(
+        blocks=blocks,
+        block_of_op=tuple(state.block_of),
+        conflicts=tuple(state.conflicts),
+        unknown_primitives=tuple(sorted(state.unknown)),
+        parallelism=parallelism,
+    )
+
+
+@dataclass
+class _Draft:
+    index: int
+    head: OpNode
+    role_sizes: list[tuple[DimRole, int]]
+    forward: list[int] = field(default_factory=list)
+    backward: list[int] = field(default_factory=list)
+    branch: list[int] = field(default_factory=list)
+    layouts: dict[int, Layout] = field(default_factory=dict)
+    operands: list[tuple[int, int, int, Layout]] = field(default_factory=list)
+    ends: list[str] = field(default_factory=list)
+
+    def freeze(self, graph: Graph) -> ParallelBlock:
+        def layout(value: int, dims: Layout) -> ValueLayout:
+            return ValueLayout(value, tuple(sorted(dims.items(), key=lambda kv: kv[0].value)))
+
+        return ParallelBlock(
+            index=self.index,
+            head=self.head.id,
+            forward_ops=tuple(sorted(self.forward)),
+            backward_ops=tuple(sorted(self.backward)),
+            branch_ops=tuple(sorted(self.branch)),
+            role_sizes=tuple(self.role_sizes),
+            layouts=tuple(layout(v, d) for v, d in sorted(self.layouts.items())),
+            operand_layouts=tuple(
+                OperandLayout(op, pos, layout(v, d)) for op, pos, v, d in self.operands
+            ),
+            scope=self.head.scope,
+            ends=tuple(self.ends[:_MAX_END_REASONS]),
+        )
+
+
+class _State:
+    def __init__(self, graph: Graph, parallelism: int) -> None:
+        self.graph = graph
+        self.parts = parallelism
+        self.block_of: list[int | None] = [None] * len(graph.ops)
+        self.value_owner: dict[int, int] = {}
+        self.conflicts: list[Conflict] = []
+        self.unknown: set[str] = set()
+        self._maps: dict[tuple[int, int], tuple[affine.AffineMap | None, ...] | None] = {}
+        self.param_derived = self._parameter_derived()
+        self.next_index = 0
+
+    # -- affine maps ----------------------------------------------------------------------
+
+    def maps(self, op: OpNode, result: int = 0) -> tuple[affine.AffineMap | None, ...] | None:
+        key = (op.id, result)
+        if key not in self._maps:
+            try:
+                found = affine.op_maps(
+                    op.primitive,
+                    op.params_dict,
+                    [t.shape for t in op.input_types],
+                    op.output_types[result].shape,
+                )
+            except (KeyError, ValueError, TypeError, IndexError):
+                found = None
+            if found is None:
+                self.unknown.add(op.primitive)
+            self._maps[key] = found
+        return self._maps[key]
+
+    # -- Algorithm 1 ------------------------------------------------------------------------
+
+    def grow(self, head: OpNode) -> _Draft:
+        draft = _Draft(self.next_index, head, _head_roles(head))
+        self.next_index += 1
+        self._add(draft, head, draft.forward)
+        out_layout = {
+            role: dim
+            for role, dim in _head_result_dims(head).items()
+            if dict(draft.role_sizes)[role] % self.parts == 0
+        }
+        for vid in head.outputs:
+            self._own(draft, vid, out_layout)
+        # Program order is topological: when a user is popped, every operand it reads that
+        # depends on the head has been decided. Values that depend on the head through an op
+        # that broke the split are "tainted": an op reading one is not parallelism-preserving
+        # even when its other operands are (the LayerNorm `x - mean(x)` after a residual).
+        frontier: list[int] = []
+        queued: set[int] = set()
+        live: set[int] = set()  # queued ops that read an owned value
+        tainted: set[int] = set()
+
+        def enqueue_users(vid: int, owned: bool) -> None:
+            for user in self.graph.users(vid):
+                if owned:
+                    live.add(user)
+                if user not in queued:
+                    queued.add(user)
+                    heapq.heappush(frontier, user)
+
+        for vid in head.outputs:
+            enqueue_users(vid, owned=True)
+        while live:
+            op = self.graph.ops[heapq.heappop(frontier)]
+            reads_owned = op.id in live
+            live.discard(op.id)
+            if op.role is not Role.FORWARD:
+                continue
+            results = None
+            if self.block_of[op.id] is None and not any(v in tainted for v in op.inputs):
+                results = self._propagate(draft, op) if reads_owned else None
+            elif reads_owned and self.block_of[op.id] is None:
+                draft.ends.append(
+                    f"#{op.id} {op.primitive} ({op.scope}): also reads the block's result "
+                    "through an op that broke the split"
+                )
+            if results is None:
+                tainted.update(op.outputs)
+                for vid in op.outputs:
+                    enqueue_users(vid, owned=False)
+                continue
+            self._add(draft, op, draft.forward)
+            for vid, layout in zip(op.outputs, results, strict=True):
+                self._own(draft, vid, layout)
+                enqueue_users(vid, owned=True)
+        return draft
+
+    def _propagate(self, draft: _Draft, op: OpNode) -> list[Layout] | None:
+        """Result layouts of `op` if every tracked split survives it, else None (recorded)."""
+        results: list[Layout] = []
+        for result in range(len(op.outputs)):
+            maps = self.maps(op, result)
+            if maps is None:
+                draft.ends.append(f"#{op.id} {op.primitive}: unknown to the affine analysis")
+                return None
+            layout: Layout = {}
+            for position, vid in enumerate(op.inputs):
+                source = draft.layouts.get(vid)
+                if source is None or self.value_owner.get(vid) != draft.index:
+                    continue
+                op_map = maps[position] if position < len(maps) else None
+                for role, dim in source.items():
+                    target = op_map.split_target(dim, self.parts) if op_map else None
+                    if target is None or layout.get(role, target) != target:
+                        draft.ends.append(
+                            f"#{op.id} {op.primitive} ({op.scope}): the {role.value} split of "
+                            f"operand {position} dim {dim} is not an even block split of its "
+                            "result"
+                        )
+                        return None
+                    layout[role] = target
+            results.append(layout)
+        return results
+
+    # -- parameter input branches ---------------------------------------------------------
+
+    def attach_branches(self, draft: _Draft) -> None:
+        for op_id in list(draft.forward):
+            op = self.graph.ops[op_id]
+            for position, vid in enumerate(op.inputs):
+                if self.value_owner.get(vid) == draft.index and vid in draft.layouts:
+                    if not (op_id == draft.head.id and self.param_derived[vid]):
+                        continue
+                wanted = self._operand_layout(draft, op, position)
+                if wanted is None:
+                    continue
+                if self.param_derived[vid]:
+                    self._claim_branch(draft, vid, wanted)
+                elif op_id == draft.head.id:
+                    draft.operands.append((op_id, position, vid, wanted))
+
+    def _operand_layout(self, draft: _Draft, op: OpNode, position: int) -> Layout | None:
+        if op.id == draft.head.id:
+            return _head_operand_dims(op, position, dict(draft.role_sizes), self.parts)
+        maps = self.maps(op)
+        op_map = maps[position] if maps and position < len(maps) else None
+        if op_map is None:
+            return None
+        result_layout = draft.layouts.get(op.outputs[0], {})
+        wanted: Layout = {}
+        for role, dim in result_layout.items():
+            source = op_map.split_source(dim, self.parts)
+            if source is not None:
+                wanted[role] = source
+        return wanted
+
+    def _claim_branch(self, draft: _Draft, vid: int, wanted: Layout) -> None:
+        owner = self.value_owner.get(vid)
+        if owner is not None and owner != draft.index:
+            if not any(c.value == vid and draft.index in c.blocks for c in self.conflicts):
+                self.conflicts.append(
+                    Conflict(
+                        value=vid,
+                        blocks=(owner, draft.index),
+                        chosen=owner,
+                        reason=f"{self._value_name(vid)} feeds blocks {owner} and "
+                        f"{draft.index}; it keeps the layout of block {owner}, the earlier "
+                        "one along the dependency path, and block "
+                        f"{draft.index} reshards it",
+                    )
+                )
+            return
+        self._own(draft, vid, wanted)
+        producer = self.graph.producer(vid)
+        if producer is None or self.block_of[producer.id] is not None:
+            return
+        self._add(draft, producer, draft.branch)
+        maps = self.maps(producer)
+        for position, operand in enumerate(producer.inputs):
+            if not self.param_derived[operand]:
+                continue
+            op_map = maps[position] if maps and position < len(maps) else None
+            upstream: Layout = {}
+            for role, dim in wanted.items():
+                source = op_map.split_source(dim, self.parts) if op_map else None
+                if source is not None:
+                    upstream[role] = source
+            self._claim_branch(draft, operand, upstream)
+
+    def _parameter_derived(self) -> list[bool]:
+        """Values computed from parameters alone (constants aside), outside the backward pass."""
+        derived = [v.kind is ValueKind.PARAMETER for v in self.graph.values]
+        for op in self.graph.ops:
+            if op.role is Role.BACKWARD or op.primitive == "dot_general":
+                continue
+            sources = [v for v in op.inputs if self.graph.values[v].kind is not ValueKind.CONSTANT]
+            if sources and all(derived[v] for v in sources):
+                for vid in op.outputs:
+                    derived[vid] = True
+        return derived
+
+    # -- backward grouping ----------------------------------------------------------------
+
+    def attach_backward(self, drafts: list[_Draft]) -> None:
+        by_key: dict[tuple[str, str], set[int]] = defaultdict(set)
+        for draft in drafts:
+            for op_id in draft.forward:
+                op = self.graph.ops[op_id]
+                by_key[(op.source, op.scope)].add(draft.index)
+        for op in self.graph.ops:
+            if op.role is not Role.BACKWARD or self.block_of[op.id] is not None:
+                continue
+            block = self.block_of[op.forward_op] if op.forward_op is not None else None
+            if block is None:
+                owners = by_key.get((op.source, op.scope), set())
+                block = next(iter(owners)) if len(owners) == 1 else None
+            if block is None:
+                continue
+            draft = drafts[block]
+            self._add(draft, op, draft.backward)
+            self._backward_layouts(draft, op)
+
+    def _backward_layouts(self, draft: _Draft, op: OpNode) -> None:
+        """A cotangent takes the layout of the forward value of its shape in the same block."""
+        if op.forward_op is not None:
+            forward = [self.graph.ops[op.forward_op]]
+        else:
+            forward = [
+                self.graph.ops[f]
+                for f in draft.forward
+                if self.graph.ops[f].source == op.source and self.graph.ops[f].scope == op.scope
+            ]
+        candidates: dict[tuple[int, ...], list[Layout]] = defaultdict(list)
+        requirements = {(o, p): d for o, p, _, d in draft.operands}
+        for fwd in forward:
+            for position, vid in enumerate(fwd.inputs):
+                layout = draft.layouts.get(vid) or requirements.get((fwd.id, position))
+                if layout is not None:
+                    candidates[self.graph.values[vid].type.shape].append(layout)
+            for vid in fwd.outputs:
+                if vid in draft.layouts:
+                    candidates[self.graph.values[vid].type.shape].append(draft.layouts[vid])
+        for vid in op.outputs:
+            found = candidates.get(self.graph.values[vid].type.shape, [])
+            if found and all(f == found[0] for f in found):
+                self._own(draft, vid, dict(found[0]))
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _add(self, draft: _Draft, op: OpNode, bucket: list[int]) -> None:
+        self.block_of[op.id] = draft.index
+        bucket.append(op.id)
+
+    def _own(self, draft: _Draft, vid: int, layout: Layout) -> None:
+        self.value_owner[vid] = draft.index
+        draft.layouts[vid] = layout
+
+    def _value_name(self, vid: int) -> str:
+        value = self.graph.values[vid]
+        return value.path or f"value {vid} {value.type}"
+
+
+def _head_dims(head: OpNode) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+    (lc, rc), (lb, rb) = head.param("dimension_numbers")
+    lhs_rank, rhs_rank = head.input_types[0].rank, head.input_types[1].rank
+    lhs_free = [d for d in range(lhs_rank) if d not in lc and d not in lb]
+    rhs_free = [d for d in range(rhs_rank) if d not in rc and d not in rb]
+    return list(lc), list(rc), list(lb), list(rb), lhs_free, rhs_free
+
+
+def _head_roles(head: OpNode) -> list[tuple[DimRole, int]]:
+    lc, _, lb, _, lhs_free, rhs_free = _head_dims(head)
+    lhs, rhs = head.input_types[0].shape, head.input_types[1].shape
+    roles: list[tuple[DimRole, int]] = []
+    if lb:
+        roles.append((DimRole.E, lhs[lb[0]]))
+    if lhs_free:
+        roles.append((DimRole.M, lhs[lhs_free[0]]))
+    if rhs_free:
+        roles.append((DimRole.N, rhs[rhs_free[0]]))
+    if lc:
+        roles.append((DimRole.K, lhs[lc[0]]))
+    return roles
+
+
+def _head_result_dims(head: OpNode) -> Layout:
+    _, _, lb, _, lhs_free, rhs_free = _head_dims(head)
+    dims: Layout = {}
+    if lb:
+        dims[DimRole.E] = 0
+    if lhs_free:
+        dims[DimRole.M] = len(lb)
+    if rhs_free:
+        dims[DimRole.N] = len(lb) + len(lhs_free)
+    return dims
+
+
+def _head_operand_dims(
+    head: OpNode, position: int, sizes: dict[DimRole, int], parts: int
+) -> Layout:
+    lc, rc, lb, rb, lhs_free, rhs_free = _head_dims(head)
+    if position == 0:
+        dims = {DimRole.E: lb[:1], DimRole.M: lhs_free[:1], DimRole.K: lc[:1]}
+    else:
+        dims = {DimRole.E: rb[:1], DimRole.N: rhs_free[:1], DimRole.K: rc[:1]}
+    return {role: d[0] for role, d in dims.items() if d and sizes[role] % parts == 0}
