@@ -127,7 +127,7 @@ _DROP = object()
 def _to_plain(value: Any) -> Any:
     if isinstance(value, _PLAIN):
         return value
-    if isinstance(value, (np.dtype, type)) or hasattr(value, "dtype") and hasattr(value, "kind"):
+    if isinstance(value, (np.dtype, type)) or (hasattr(value, "dtype") and hasattr(value, "kind")):
         try:
             return str(np.dtype(value))
         except TypeError:
@@ -280,19 +280,34 @@ def evaluate(
     program: FlatProgram,
     args: Sequence[Any],
     on_value: Callable[[int, Any], Any] | None = None,
+    on_operand: Callable[[int, int, Any], Any] | None = None,
 ) -> list[Any]:
     """Re-execute a flat program by binding each primitive in order.
 
-    `on_value(value_id, array)` may return a replacement array (e.g. the array with a sharding
-    constraint applied); it is called for every input and every op result.
+    `on_value(value_id, array)` may return a replacement for an op result (e.g. the array
+    with a sharding constraint); `on_operand(eqn_index, position, array)` may replace what one
+    op reads without changing what other readers see.
     """
     env: dict[int, Any] = dict(program.constants)
-    for vid, arg in zip(program.invars, args, strict=True):
-        env[vid] = on_value(vid, arg) if on_value else arg
-    for eqn in program.eqns:
-        results = eqn.primitive.bind(*(env[v] for v in eqn.invars), **eqn.params)
+    env.update(zip(program.invars, args, strict=True))
+    for index, eqn in enumerate(program.eqns):
+        operands = [env[v] for v in eqn.invars]
+        if on_operand is not None:
+            operands = [on_operand(index, p, x) for p, x in enumerate(operands)]
+        # Re-enter the original name stack so compiled HLO metadata keeps the user's scopes
+        # and the forward/backward marks (`transpose(jvp(...))`) profiling relies on.
+        with source_info_util.set_name_stack(_name_stacks(eqn.name_stack)):
+            results = eqn.primitive.bind(*operands, **eqn.params)
         if not eqn.primitive.multiple_results:
             results = (results,)
         for vid, result in zip(eqn.outvars, results, strict=True):
             env[vid] = on_value(vid, result) if on_value else result
     return [env[v] for v in program.outvars]
+
+
+def _name_stacks(name_stack: str) -> Any:
+    stack = source_info_util.new_name_stack()
+    for part in name_stack.split("/"):
+        if part:
+            stack = stack.extend(part)
+    return stack

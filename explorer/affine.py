@@ -108,9 +108,7 @@ class AffineMap:
     def compose(self, inner: AffineMap) -> AffineMap:
         """`self` maps T0 <- T1, `inner` maps T1 <- T2; the result maps T0 <- T2."""
         if inner.operand_shape != self.result_shape:
-            raise ValueError(
-                f"cannot compose: {inner.operand_shape} is not {self.result_shape}"
-            )
+            raise ValueError(f"cannot compose: {inner.operand_shape} is not {self.result_shape}")
         return AffineMap(
             self.operand_shape,
             inner.result_shape,
@@ -126,15 +124,13 @@ class AffineMap:
             values = [0]
             for digit in expr.digits:
                 options = (
-                    range(digit.m)
-                    if digit.star
-                    else [(index[digit.dim] // digit.q) % digit.m]  # type: ignore[index]
+                    range(digit.m) if digit.star else [(index[digit.dim] // digit.q) % digit.m]  # type: ignore[index]
                 )
                 values = [v * digit.m + o for v in values for o in options]
             per_dim.append(values)
         out: list[tuple[int, ...]] = [()]
         for values in per_dim:
-            out = [prefix + (v,) for prefix in out for v in values]
+            out = [(*prefix, v) for prefix in out for v in values]
         return out
 
     def split_target(self, operand_dim: int, parts: int) -> int | None:
@@ -204,7 +200,9 @@ def _window(expr: DimExpr, q: int, m: int) -> list[Digit] | None:
         if a % lo or b % a or hi % b:
             return None
         width = b // a
-        out.append(Digit(None, 1, width) if digit.star else Digit(digit.dim, digit.q * (a // lo), width))
+        out.append(
+            Digit(None, 1, width) if digit.star else Digit(digit.dim, digit.q * (a // lo), width)
+        )
     if place < high and (place > low and place % low):
         return None
     return list(reversed(out))
@@ -221,11 +219,7 @@ def _merge(digits: list[Digit]) -> tuple[Digit, ...]:
             if prev.star and digit.star:
                 out[-1] = Digit(None, 1, prev.m * digit.m)
                 continue
-            if (
-                prev.dim is not None
-                and prev.dim == digit.dim
-                and prev.q == digit.q * digit.m
-            ):
+            if prev.dim is not None and prev.dim == digit.dim and prev.q == digit.q * digit.m:
                 out[-1] = Digit(prev.dim, digit.q, prev.m * digit.m)
                 continue
         out.append(digit)
@@ -247,9 +241,7 @@ def transpose(shape: tuple[int, ...], permutation: Sequence[int]) -> AffineMap:
     return AffineMap(shape, result, tuple(exprs))
 
 
-def broadcast(
-    shape: tuple[int, ...], result: tuple[int, ...], dims: Sequence[int]
-) -> AffineMap:
+def broadcast(shape: tuple[int, ...], result: tuple[int, ...], dims: Sequence[int]) -> AffineMap:
     exprs = tuple(
         DimExpr.var(d, n) if n == result[d] else DimExpr() for n, d in zip(shape, dims, strict=True)
     )
@@ -303,7 +295,9 @@ def dot_general(
     lhs_free = [d for d in range(len(lhs)) if d not in lc and d not in lb]
     rhs_free = [d for d in range(len(rhs)) if d not in rc and d not in rb]
     result = (
-        tuple(lhs[d] for d in lb) + tuple(lhs[d] for d in lhs_free) + tuple(rhs[d] for d in rhs_free)
+        tuple(lhs[d] for d in lb)
+        + tuple(lhs[d] for d in lhs_free)
+        + tuple(rhs[d] for d in rhs_free)
     )
     lhs_exprs = [DimExpr()] * len(lhs)
     rhs_exprs = [DimExpr()] * len(rhs)
@@ -343,7 +337,9 @@ def _squeeze(shape: tuple[int, ...], dimensions: Sequence[int]) -> AffineMap:
         else:
             exprs.append(DimExpr.var(out_dim, n))
             out_dim += 1
-    return AffineMap(shape, tuple(n for i, n in enumerate(shape) if i not in dimensions), tuple(exprs))
+    return AffineMap(
+        shape, tuple(n for i, n in enumerate(shape) if i not in dimensions), tuple(exprs)
+    )
 
 
 def op_maps(
@@ -367,9 +363,9 @@ def op_maps(
     if primitive == "transpose":
         return (transpose(shapes[0], params["permutation"]),)
     if primitive == "broadcast_in_dim":
-        return (broadcast(shapes[0], result_shape, params["broadcast_dimensions"]),) + (
-            None,
-        ) * (len(shapes) - 1)
+        return (broadcast(shapes[0], result_shape, params["broadcast_dimensions"]),) + (None,) * (
+            len(shapes) - 1
+        )
     if primitive == "reshape":
         return (reshape(shapes[0], result_shape),) + (None,) * (len(shapes) - 1)
     if primitive == "squeeze":

@@ -217,9 +217,9 @@ class _State:
         for op_id in list(draft.forward):
             op = self.graph.ops[op_id]
             for position, vid in enumerate(op.inputs):
-                if self.value_owner.get(vid) == draft.index and vid in draft.layouts:
-                    if not (op_id == draft.head.id and self.param_derived[vid]):
-                        continue
+                owned = self.value_owner.get(vid) == draft.index and vid in draft.layouts
+                if owned and not (op_id == draft.head.id and self.param_derived[vid]):
+                    continue
                 wanted = self._operand_layout(draft, op, position)
                 if wanted is None:
                     continue
@@ -349,7 +349,9 @@ class _State:
         return value.path or f"value {vid} {value.type}"
 
 
-def _head_dims(head: OpNode) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+def _head_dims(
+    head: OpNode,
+) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
     (lc, rc), (lb, rb) = head.param("dimension_numbers")
     lhs_rank, rhs_rank = head.input_types[0].rank, head.input_types[1].rank
     lhs_free = [d for d in range(lhs_rank) if d not in lc and d not in lb]

@@ -22,9 +22,7 @@ class UnsupportedPrimitiveError(TraceError):
     def __init__(self, primitive: str, where: str, hint: str) -> None:
         self.primitive = primitive
         self.where = where
-        super().__init__(
-            UNSUPPORTED_PRIMITIVE.format(primitive=primitive, where=where, hint=hint)
-        )
+        super().__init__(UNSUPPORTED_PRIMITIVE.format(primitive=primitive, where=where, hint=hint))
 
 
 class ArgumentMismatchError(TraceError):

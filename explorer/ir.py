@@ -38,6 +38,9 @@ class ValueKind(StrEnum):
     INTERMEDIATE = "intermediate"
 
 
+# Per dim of a value: the mesh axes splitting it, outermost first (empty tuple: not split).
+DimAxes = tuple[tuple[str, ...], ...]
+
 INPUT_KINDS = (ValueKind.PARAMETER, ValueKind.OPTIMIZER_STATE, ValueKind.DATA, ValueKind.RNG)
 
 
@@ -103,9 +106,7 @@ class OpNode:
     forward_op: int | None = None  # for a backward op: the forward op it was derived from
 
     def __post_init__(self) -> None:
-        if len(self.inputs) != len(self.input_types) or len(self.outputs) != len(
-            self.output_types
-        ):
+        if len(self.inputs) != len(self.input_types) or len(self.outputs) != len(self.output_types):
             raise ValueError(f"op {self.id} ({self.primitive}): value ids and types disagree")
         if self.forward_op is not None and self.role is not Role.BACKWARD:
             raise ValueError(f"op {self.id}: only backward ops link to a forward op")
@@ -139,12 +140,11 @@ class Graph:
     values: tuple[Value, ...]
     inputs: tuple[int, ...]  # value ids of the flattened step arguments, in order
     outputs: tuple[int, ...]  # value ids of the flattened step results, in order
+    output_paths: tuple[str, ...] = ()  # pytree path of each flattened result, e.g. "[1]['w']"
     program: Any = field(default=None, compare=False, repr=False)
     in_tree: Any = field(default=None, compare=False, repr=False)
     out_tree: Any = field(default=None, compare=False, repr=False)
-    _users: tuple[tuple[int, ...], ...] = field(
-        default=(), init=False, compare=False, repr=False
-    )
+    _users: tuple[tuple[int, ...], ...] = field(default=(), init=False, compare=False, repr=False)
     _nx: Any = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -350,18 +350,43 @@ class BlockAnalysis:
         lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism})"]
         for block in self.blocks:
             head = graph.ops[block.head]
-            inner = sum(
-                1 for o in block.forward_ops if graph.ops[o].primitive == "dot_general"
-            )
+            inner = sum(1 for o in block.forward_ops if graph.ops[o].primitive == "dot_general")
             lines.append(
                 f"  block {block.index:3d} head #{block.head} {head.scope or '<root>'} "
                 f"{head.input_types[0]} x {head.input_types[1]}: "
                 f"{len(block.forward_ops)} fwd ({inner} dot), {len(block.backward_ops)} bwd, "
                 f"{len(block.branch_ops)} branch; roles "
                 + " ".join(f"{r.value}={n}" for r, n in block.role_sizes)
-                + (f"; strategies {', '.join(s.name for s in block.strategies)}"
-                   if block.strategies else "")
+                + (
+                    f"; strategies {', '.join(s.name for s in block.strategies)}"
+                    if block.strategies
+                    else ""
+                )
             )
         if self.unknown_primitives:
             lines.append(f"  unknown primitives (end blocks): {', '.join(self.unknown_primitives)}")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One strategy per block: `choices[i]` indexes `blocks[i].strategies`."""
+
+    choices: tuple[int, ...]
+
+    def names(self, blocks: tuple[ParallelBlock, ...]) -> tuple[str, ...]:
+        return tuple(b.strategies[c].name for b, c in zip(blocks, self.choices, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingAssignment:
+    """Where every constrained value of the step lives on the mesh under one Config."""
+
+    mesh_axes: tuple[tuple[str, int], ...]
+    inputs: tuple[DimAxes, ...]  # per flattened step argument
+    outputs: tuple[DimAxes, ...]  # per flattened step result
+    values: tuple[tuple[int, DimAxes], ...]  # producer side: value id -> layout
+    operands: tuple[tuple[int, int, DimAxes], ...]  # consumer side: (op id, position) -> layout
+
+    def value_map(self) -> dict[int, DimAxes]:
+        return dict(self.values)

@@ -123,7 +123,7 @@ def _check_against_spec(step: Callable[..., Any], args: tuple[Any, ...]) -> None
         return
     expected = jax.tree_util.tree_structure(tuple(spec))
     found = jax.tree_util.tree_structure(args)
-    if expected != found:
+    if expected != found:  # type: ignore[operator]
         raise ArgumentMismatchError(
             f"the example arguments do not have the structure {_name(step)} expects.\n"
             f"expected: {expected}\nfound:    {found}"
@@ -211,6 +211,10 @@ def _build_graph(
         outputs=program.outvars,
         program=program,
         in_tree=jax.tree_util.tree_structure(args),
+        output_paths=tuple(
+            jax.tree_util.keystr(path)
+            for path, _ in jax.tree_util.tree_flatten_with_path(out_shape)[0]
+        ),
         out_tree=jax.tree_util.tree_structure(out_shape),
     )
 
@@ -304,14 +308,13 @@ def _link_backward_to_forward(
             links[op_id] = found[0]
         elif found:
             mine = {origin(v) for v in eqn.invars}
-
-            def overlap(fwd: int) -> int:
-                theirs = {origin(v) for v in (*eqns[fwd].invars, *eqns[fwd].outvars)}
-                return len(mine & theirs)
-
-            best = max(found, key=overlap)
-            if overlap(best) > 0:
-                links[op_id] = best
+            shared = [
+                len(mine & {origin(v) for v in (*eqns[f].invars, *eqns[f].outvars)})
+                for f in found
+            ]
+            best = max(range(len(found)), key=shared.__getitem__)
+            if shared[best] > 0:
+                links[op_id] = found[best]
     return links
 
 

@@ -38,9 +38,7 @@ def _mlp_step(params: Any, opt_state: Any, x: jax.Array, key: jax.Array) -> Any:
 
 
 def _mlp_args(layers: int = 2) -> tuple[Any, ...]:
-    params = [
-        {"w1": jnp.full((4, 8), 0.1), "w2": jnp.full((8, 4), 0.1)} for _ in range(layers)
-    ]
+    params = [{"w1": jnp.full((4, 8), 0.1), "w2": jnp.full((8, 4), 0.1)} for _ in range(layers)]
     return params, OPT.init(params), jnp.ones((3, 4)), jax.random.PRNGKey(0)
 
 

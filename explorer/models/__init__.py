@@ -6,14 +6,14 @@ Each ``model(config=None, *, abstract=False, seed=0)`` returns ``(step, example_
 
 from collections.abc import Callable
 
-from explorer.models._common import ARG_ROLES, BaseConfig
+from explorer.models._common import ARG_ROLES, BaseConfig, ModelOutput
 from explorer.models.bert import BertConfig, bert
 from explorer.models.gpt import GPTConfig, gpt
 from explorer.models.llama import LlamaConfig, llama
 from explorer.models.moe import MoEConfig, moe
 
 # name -> (model function, config class), for the CLI.
-MODELS: dict[str, tuple[Callable[..., tuple[Callable[..., object], tuple[object, ...]]], type]] = {
+MODELS: dict[str, tuple[Callable[..., ModelOutput], type[BaseConfig]]] = {
     "gpt": (gpt, GPTConfig),
     "llama": (llama, LlamaConfig),
     "moe": (moe, MoEConfig),
@@ -28,6 +28,7 @@ __all__ = [
     "GPTConfig",
     "LlamaConfig",
     "MoEConfig",
+    "ModelOutput",
     "bert",
     "gpt",
     "llama",

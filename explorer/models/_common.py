@@ -97,6 +97,10 @@ class BaseConfig:
     def tiny(cls) -> Self:
         return cls()
 
+    @classmethod
+    def small(cls) -> Self:
+        raise NotImplementedError
+
     def replace(self, **changes: Any) -> Self:
         """Copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -248,9 +252,7 @@ def mlp_block(p: Params, x: Array, *, dropout_rate: float, key: Array | None) ->
     return dropout(h @ p["w_out"] + p["b_out"], dropout_rate, key)
 
 
-def gpt_layer(
-    p: Params, x: Array, *, heads: int, dropout_rate: float, key: Array | None
-) -> Array:
+def gpt_layer(p: Params, x: Array, *, heads: int, dropout_rate: float, key: Array | None) -> Array:
     """Pre-LN GPT-2 block: x + attn(ln(x)), then x + mlp(ln(x))."""
     k_attn, k_mlp = jax.random.split(key) if key is not None else (None, None)
     with jax.named_scope("attn"):
@@ -332,5 +334,8 @@ def build_model(
         params = config.init_params(k_params)
         return params, optimizer.init(params), make_batch(k_batch), k_rng
 
-    args = jax.eval_shape(make_args) if abstract else make_args()
+    spec = jax.eval_shape(make_args)
+    # Lets explorer.trace name the exact leaf when a user passes mismatching arguments.
+    step.explorer_arg_spec = spec  # type: ignore[attr-defined]
+    args = spec if abstract else make_args()
     return step, args

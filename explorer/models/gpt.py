@@ -101,15 +101,15 @@ def loss_fn(cfg: GPTConfig, params: c.Params, batch: c.Batch, rng: jax.Array) ->
         x = embed(params["embed"], batch["tokens"], rate, c.layer_key(rng, cfg.num_layers, rate))
     for i, lp in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{i}"):
-            x = c.gpt_layer(lp, x, heads=cfg.heads, dropout_rate=rate, key=c.layer_key(rng, i, rate))
+            x = c.gpt_layer(
+                lp, x, heads=cfg.heads, dropout_rate=rate, key=c.layer_key(rng, i, rate)
+            )
     with jax.named_scope("head"):
         logits = lm_head(params, x, cfg.tie_embeddings)
         return c.cross_entropy(logits, batch["targets"])
 
 
-def gpt(
-    config: GPTConfig | None = None, *, abstract: bool = False, seed: int = 0
-) -> c.ModelOutput:
+def gpt(config: GPTConfig | None = None, *, abstract: bool = False, seed: int = 0) -> c.ModelOutput:
     """GPT training step and its example ``(params, opt_state, batch, rng)``."""
     cfg = config if config is not None else GPTConfig.tiny()
     return c.build_model(

@@ -101,9 +101,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos_b - x2 * sin_b, x2 * cos_b + x1 * sin_b], axis=-1)
 
 
-def attention(
-    p: c.Params, x: jax.Array, cos: jax.Array, sin: jax.Array, heads: int
-) -> jax.Array:
+def attention(p: c.Params, x: jax.Array, cos: jax.Array, sin: jax.Array, heads: int) -> jax.Array:
     b, s, hidden = x.shape
     q, k, v = c.split_qkv(x @ p["w_qkv"], heads)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

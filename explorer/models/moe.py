@@ -133,7 +133,9 @@ def top2_gating(logits: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array,
 
     mask1 = jax.nn.one_hot(jnp.argmax(probs, axis=-1), num_experts, dtype=jnp.float32)
     # Second choice: best expert once the first one is masked out.
-    mask2 = jax.nn.one_hot(jnp.argmax(probs * (1.0 - mask1), axis=-1), num_experts, dtype=jnp.float32)
+    mask2 = jax.nn.one_hot(
+        jnp.argmax(probs * (1.0 - mask1), axis=-1), num_experts, dtype=jnp.float32
+    )
 
     # Load balancing (GShard eq. 4): top-1 fraction times mean gate prob, per group.
     density = jnp.mean(mask1, axis=1)
@@ -201,9 +203,7 @@ def loss_fn(cfg: MoEConfig, params: c.Params, batch: c.Batch, rng: jax.Array) ->
         return c.cross_entropy(logits, batch["targets"]) + cfg.aux_loss_coef * aux_total
 
 
-def moe(
-    config: MoEConfig | None = None, *, abstract: bool = False, seed: int = 0
-) -> c.ModelOutput:
+def moe(config: MoEConfig | None = None, *, abstract: bool = False, seed: int = 0) -> c.ModelOutput:
     """GShard MoE training step and its example ``(params, opt_state, batch, rng)``."""
     cfg = config if config is not None else MoEConfig.tiny()
     return c.build_model(

@@ -1,0 +1,85 @@
+"""Realisation: Graph + Config + mesh -> a jittable sharded program.
+
+The inlined step is re-executed primitive by primitive (`_jax_compat.evaluate`) with
+`with_sharding_constraint` on every value a block owns and on the operands a block head wants
+in its own layout, and with input and output shardings from the ShardingAssignment. XLA's SPMD
+partitioner then inserts exactly the communication the configuration implies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from explorer import _jax_compat as jc
+from explorer.errors import ArgumentMismatchError
+from explorer.ir import DimAxes, Graph, ShardingAssignment
+from explorer.mesh import named_sharding
+
+
+@dataclass(frozen=True, slots=True)
+class RealizedStep:
+    """A sharded step with the original step's signature, and its shardings."""
+
+    fn: Any  # the jitted function (jax.stages.Wrapped)
+    in_shardings: tuple[Any, ...]  # pytree of NamedSharding per argument
+    out_shardings: Any
+    mesh: Mesh
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def lower(self, *args: Any) -> Any:
+        return self.fn.lower(*args)
+
+
+def realize(graph: Graph, assignment: ShardingAssignment, mesh: Mesh) -> RealizedStep:
+    if graph.program is None:
+        raise ArgumentMismatchError("this Graph carries no program to realise (was it traced?)")
+    values = {v: named_sharding(mesh, d) for v, d in assignment.values if _sharded(d)}
+    op_index = {op.id: op.id for op in graph.ops}  # graph op ids are program equation indices
+    operands = {
+        (op_index[o], p): named_sharding(mesh, d) for o, p, d in assignment.operands if _sharded(d)
+    }
+    program = graph.program
+
+    def constrain_value(vid: int, x: Any) -> Any:
+        sharding = values.get(vid)
+        return _constrain(x, sharding) if sharding is not None else x
+
+    def constrain_operand(eqn: int, position: int, x: Any) -> Any:
+        sharding = operands.get((eqn, position))
+        return _constrain(x, sharding) if sharding is not None else x
+
+    def sharded_step(*args: Any) -> Any:
+        flat, tree = jax.tree_util.tree_flatten(args)
+        if tree != graph.in_tree:
+            raise ArgumentMismatchError(
+                f"expected arguments with the traced structure\n{graph.in_tree}\nfound\n{tree}"
+            )
+        results = jc.evaluate(program, flat, constrain_value, constrain_operand)
+        return jax.tree_util.tree_unflatten(graph.out_tree, results)
+
+    in_shardings = jax.tree_util.tree_unflatten(
+        graph.in_tree, [named_sharding(mesh, d) for d in assignment.inputs]
+    )
+    out_shardings = jax.tree_util.tree_unflatten(
+        graph.out_tree, [named_sharding(mesh, d) for d in assignment.outputs]
+    )
+    fn = jax.jit(sharded_step, in_shardings=tuple(in_shardings), out_shardings=out_shardings)
+    return RealizedStep(fn, tuple(in_shardings), out_shardings, mesh)
+
+
+def _sharded(dims: DimAxes) -> bool:
+    return any(dims)
+
+
+def _constrain(x: Any, sharding: NamedSharding) -> Any:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not isinstance(dtype, np.dtype):
+        return x  # PRNG keys and other extended dtypes: leave to the compiler
+    return jax.lax.with_sharding_constraint(x, sharding)

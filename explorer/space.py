@@ -1,0 +1,231 @@
+"""The configuration space: strategies per block on a mesh, and a Config's shardings.
+
+1-D mesh: one strategy per partitionable role of the block's head (E, M, N, K) whose dim
+divides by the mesh size. 2-D mesh: by default the batch role M is pinned to the outer axis
+(the paper's rule) and the inner axis takes any role (M again meaning M over both axes), so
+the space has the size of the 1-D one; `free_axes=True` enumerates every axis-to-role
+assignment. A strategy that cannot apply is kept in `ParallelBlock.excluded` with the reason;
+a block left with none keeps only the replicated strategy.
+
+`shardings()` turns a Config into a layout for every value the blocks own (by propagation,
+computed in blocks.py), the step's parameters and their optimizer state (from the consuming
+block), and the step's results (matched to the inputs they update). Everything else is left
+to the compiler's sharding propagation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+from explorer.errors import AnalysisError
+from explorer.ir import (
+    BlockAnalysis,
+    Config,
+    DimAxes,
+    DimRole,
+    ExcludedStrategy,
+    Graph,
+    ParallelBlock,
+    ShardingAssignment,
+    Strategy,
+    ValueKind,
+    ValueLayout,
+)
+from explorer.mesh import MeshSpec
+
+REPLICATED = Strategy(())
+
+
+def build_space(
+    analysis: BlockAnalysis, mesh: MeshSpec, *, free_axes: bool = False
+) -> BlockAnalysis:
+    """The same blocks, each with its strategies (and excluded strategies) on `mesh`."""
+    blocks = []
+    for block in analysis.blocks:
+        kept, excluded = block_strategies(block, mesh, free_axes=free_axes)
+        blocks.append(replace(block, strategies=kept, excluded=excluded))
+    return replace(analysis, blocks=tuple(blocks))
+
+
+def block_strategies(
+    block: ParallelBlock, mesh: MeshSpec, *, free_axes: bool = False
+) -> tuple[tuple[Strategy, ...], tuple[ExcludedStrategy, ...]]:
+    sizes = dict(block.role_sizes)
+    candidates = list(_candidates(block.roles, mesh, free_axes=free_axes))
+    if len(mesh.axes) > 1 and not free_axes and DimRole.M not in sizes:
+        candidates = list(_candidates(block.roles, mesh, free_axes=True))
+    kept: list[Strategy] = []
+    excluded: list[ExcludedStrategy] = []
+    for strategy in candidates:
+        reason = _why_not(strategy, sizes, mesh)
+        if reason is None:
+            kept.append(strategy)
+        else:
+            excluded.append(ExcludedStrategy(strategy, reason))
+    if not kept:
+        kept.append(REPLICATED)
+        excluded.append(
+            ExcludedStrategy(
+                REPLICATED,
+                f"no dim of the head ({', '.join(f'{r.value}={n}' for r, n in block.role_sizes)})"
+                f" divides evenly over mesh {mesh}: the block stays replicated",
+            )
+        )
+    return tuple(kept), tuple(excluded)
+
+
+def _candidates(roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool) -> list[Strategy]:
+    names = mesh.names
+    if len(names) == 1:
+        return [Strategy(((role, names),)) for role in roles]
+    if not free_axes:
+        outer, inner = names[0], names[1:]
+        out = []
+        for role in roles:
+            if role is DimRole.M:
+                out.append(Strategy(((DimRole.M, names),)))
+            else:
+                out.append(Strategy(((DimRole.M, (outer,)), (role, inner))))
+        return out
+    out = []
+    for choice in itertools.product(roles, repeat=len(names)):
+        grouped: dict[DimRole, tuple[str, ...]] = {}
+        for axis, role in zip(names, choice, strict=True):
+            grouped[role] = (*grouped.get(role, ()), axis)
+        out.append(Strategy(tuple(sorted(grouped.items(), key=lambda kv: names.index(kv[1][0])))))
+    return out
+
+
+def _why_not(strategy: Strategy, sizes: dict[DimRole, int], mesh: MeshSpec) -> str | None:
+    for role, axes in strategy.assignment:
+        parts = mesh.axes_size(axes)
+        if sizes[role] % parts:
+            return (
+                f"{role.value} has size {sizes[role]}, which does not divide into {parts} "
+                f"parts over mesh axes {'+'.join(axes)}"
+            )
+    return None
+
+
+def config_count(blocks: tuple[ParallelBlock, ...]) -> int:
+    return math.prod(len(b.strategies) for b in blocks)
+
+
+def default_config(blocks: tuple[ParallelBlock, ...], role: DimRole = DimRole.M) -> Config:
+    """Every block on the first strategy that splits `role` (data parallel for M)."""
+    choices = []
+    for block in blocks:
+        index = next(
+            (
+                i
+                for i, s in enumerate(block.strategies)
+                if s.assignment and s.assignment[-1][0] is role
+            ),
+            0,
+        )
+        choices.append(index)
+    return Config(tuple(choices))
+
+
+# -- Config -> shardings ---------------------------------------------------------------------
+
+
+def shardings(
+    graph: Graph, blocks: tuple[ParallelBlock, ...], config: Config, mesh: MeshSpec
+) -> ShardingAssignment:
+    if len(config.choices) != len(blocks):
+        raise AnalysisError(
+            f"expected a configuration with one strategy per block ({len(blocks)} blocks), "
+            f"found {len(config.choices)} choices"
+        )
+    values: dict[int, DimAxes] = {}
+    operands: list[tuple[int, int, DimAxes]] = []
+    for block, choice in zip(blocks, config.choices, strict=True):
+        if not 0 <= choice < len(block.strategies):
+            raise AnalysisError(
+                f"block {block.index} ({block.scope}): strategy index {choice} out of range; "
+                f"it has {len(block.strategies)} strategies"
+            )
+        strategy = block.strategies[choice]
+        for layout in block.layouts:
+            values[layout.value] = _dim_axes(graph, layout, strategy)
+        for operand in block.operand_layouts:
+            operands.append(
+                (operand.op, operand.position, _dim_axes(graph, operand.layout, strategy))
+            )
+    inputs = _input_shardings(graph, values)
+    outputs = _output_shardings(graph, inputs)
+    internal = tuple(sorted((v, d) for v, d in values.items() if v not in set(graph.inputs)))
+    return ShardingAssignment(mesh.axes, inputs, outputs, internal, tuple(operands))
+
+
+def _dim_axes(graph: Graph, layout: ValueLayout, strategy: Strategy) -> DimAxes:
+    dims: list[tuple[str, ...]] = [()] * graph.values[layout.value].type.rank
+    for role, dim in layout.dims:
+        axes = strategy.axes_of(role)
+        if axes:
+            dims[dim] = dims[dim] + axes
+    return tuple(dims)
+
+
+def _input_shardings(graph: Graph, values: dict[int, DimAxes]) -> tuple[DimAxes, ...]:
+    """Parameters from their block; optimizer state like its parameter; the rest replicated."""
+    by_suffix: dict[tuple[str, tuple[int, ...]], DimAxes] = {}
+    for vid in graph.inputs:
+        value = graph.values[vid]
+        if value.kind is ValueKind.PARAMETER:
+            dims = values.get(vid, ((),) * value.type.rank)
+            by_suffix[(_suffix(value.path), value.type.shape)] = dims
+    out = []
+    for vid in graph.inputs:
+        value = graph.values[vid]
+        rank = value.type.rank
+        if value.kind is ValueKind.PARAMETER:
+            out.append(values.get(vid, ((),) * rank))
+        elif value.kind is ValueKind.OPTIMIZER_STATE:
+            out.append(_match_suffix(value.path, value.type.shape, by_suffix) or ((),) * rank)
+        else:
+            out.append(((),) * rank)
+    return tuple(out)
+
+
+def _output_shardings(graph: Graph, inputs: tuple[DimAxes, ...]) -> tuple[DimAxes, ...]:
+    """A result that updates an input (new params, new optimizer state) keeps its layout."""
+    by_suffix = {
+        (_suffix(graph.values[vid].path), graph.values[vid].type.shape): dims
+        for vid, dims in zip(graph.inputs, inputs, strict=True)
+    }
+    out = []
+    for vid, path in zip(
+        graph.outputs, graph.output_paths or ("",) * len(graph.outputs), strict=True
+    ):
+        shape = graph.values[vid].type.shape
+        out.append(by_suffix.get((_suffix(path), shape), ((),) * len(shape)))
+    return tuple(out)
+
+
+def _suffix(path: str) -> str:
+    """The path below the top-level argument: `params['w']` -> `['w']`, `[1]['w']` -> `['w']`."""
+    for index, char in enumerate(path):
+        if char in "[." and index > 0:
+            if path[0] == "[":
+                end = path.index("]") + 1
+                return path[end:]
+            return path[index:]
+    if path.startswith("["):
+        return path[path.index("]") + 1 :]
+    return ""
+
+
+def _match_suffix(
+    path: str, shape: tuple[int, ...], by_suffix: dict[tuple[str, tuple[int, ...]], DimAxes]
+) -> DimAxes | None:
+    """The layout of the parameter whose path ends this optimizer-state path (longest match)."""
+    for index in range(len(path)):
+        if path[index] in "[.":
+            found = by_suffix.get((path[index:], shape))
+            if found is not None:
+                return found
+    return None

@@ -1,0 +1,197 @@
+"""Tests for the model zoo: tiny presets train, abstract args match, presets have the right size."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import pytest
+
+from explorer.models import (
+    MODELS,
+    BertConfig,
+    GPTConfig,
+    LlamaConfig,
+    MoEConfig,
+    bert,
+    gpt,
+    llama,
+    moe,
+)
+from explorer.models._common import BaseConfig
+
+MODEL_NAMES = sorted(MODELS)
+CONTROL_FLOW = {"scan", "while", "cond"}
+
+
+@pytest.fixture(scope="module", params=MODEL_NAMES)
+def trained(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Build a tiny model, jit its step once and train 20 steps on its fixed batch."""
+    model_fn, _ = MODELS[request.param]
+    step, args = model_fn()
+    jitted = jax.jit(step)
+    params, opt_state, batch, rng = args
+    losses = []
+    for i in range(20):
+        loss, params, opt_state = jitted(params, opt_state, batch, jax.random.fold_in(rng, i))
+        losses.append(float(loss))
+    return {"name": request.param, "step": step, "args": args, "losses": losses}
+
+
+def test_models_registry() -> None:
+    expected = {
+        "gpt": (gpt, GPTConfig),
+        "llama": (llama, LlamaConfig),
+        "moe": (moe, MoEConfig),
+        "bert": (bert, BertConfig),
+    }
+    assert sorted(MODELS) == sorted(expected)
+    for name, entry in expected.items():
+        assert MODELS[name] == entry
+
+
+def test_step_has_arg_roles(trained: dict[str, Any]) -> None:
+    assert trained["step"].explorer_arg_roles == ("params", "opt_state", "data", "rng")
+
+
+def test_example_args_are_concrete(trained: dict[str, Any]) -> None:
+    params, opt_state, batch, rng = trained["args"]
+    for leaf in jax.tree.leaves((params, opt_state, batch, rng)):
+        assert isinstance(leaf, jax.Array)
+    assert rng.shape == (2,) and rng.dtype == jnp.uint32
+    assert all(v.dtype == jnp.int32 for v in batch.values())
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    assert isinstance(params["layers"], tuple | list)
+
+
+def test_loss_decreases(trained: dict[str, Any]) -> None:
+    losses = trained["losses"]
+    assert all(jnp.isfinite(jnp.asarray(losses)))
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_abstract_args_match_concrete(trained: dict[str, Any]) -> None:
+    model_fn, _ = MODELS[trained["name"]]
+    step, abstract_args = model_fn(abstract=True)
+    concrete = trained["args"]
+    assert jax.tree.structure(abstract_args) == jax.tree.structure(concrete)
+    for a, c in zip(jax.tree.leaves(abstract_args), jax.tree.leaves(concrete), strict=True):
+        assert isinstance(a, jax.ShapeDtypeStruct)
+        assert (a.shape, a.dtype) == (c.shape, c.dtype)
+    loss, new_params, new_opt_state = jax.eval_shape(step, *abstract_args)
+    assert loss.shape == () and loss.dtype == jnp.float32
+    assert jax.tree.structure(new_params) == jax.tree.structure(abstract_args[0])
+    assert jax.tree.structure(new_opt_state) == jax.tree.structure(abstract_args[1])
+
+
+def _subjaxprs(value: Any) -> Iterator[Any]:
+    if isinstance(value, jax.extend.core.ClosedJaxpr):
+        yield value.jaxpr
+    elif isinstance(value, jax.extend.core.Jaxpr):
+        yield value
+    elif isinstance(value, tuple | list):
+        for v in value:
+            yield from _subjaxprs(v)
+
+
+def _primitive_names(jaxpr: Any) -> set[str]:
+    names: set[str] = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in _subjaxprs(value):
+                names |= _primitive_names(sub)
+    return names
+
+
+def test_no_control_flow(trained: dict[str, Any]) -> None:
+    names = _primitive_names(jax.make_jaxpr(trained["step"])(*trained["args"]).jaxpr)
+    assert "dot_general" in names
+    assert not names & CONTROL_FLOW, names & CONTROL_FLOW
+
+
+def test_named_scopes(trained: dict[str, Any]) -> None:
+    text = jax.jit(trained["step"]).lower(*trained["args"]).as_text(debug_info=True)
+    for scope in ("embed", "layer_0", "layer_1", "attn", "head"):
+        assert scope in text, scope
+
+
+def _count_primitive(jaxpr: Any, name: str) -> int:
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += eqn.primitive.name == name
+        for value in eqn.params.values():
+            n += sum(_count_primitive(sub, name) for sub in _subjaxprs(value))
+    return n
+
+
+def test_gpt_layer_matmuls() -> None:
+    """A GPT layer has exactly 4 weight matmuls plus the 2 attention einsums."""
+    from explorer.models.gpt import loss_fn
+
+    cfg = GPTConfig.tiny().replace(num_layers=1, dropout=0.0)
+    _, (params, _, batch, rng) = gpt(cfg, abstract=True)
+    jaxpr = jax.make_jaxpr(partial(loss_fn, cfg))(params, batch, rng).jaxpr
+    # 4 layer matmuls + 2 attention einsums + the tied LM head.
+    assert _count_primitive(jaxpr, "dot_general") == 7
+
+
+NOMINAL: list[tuple[Callable[[], BaseConfig], float]] = [
+    (GPTConfig.gpt_2_6b, 2.6e9),
+    (GPTConfig.gpt_6_7b, 6.7e9),
+    (LlamaConfig.llama_7b, 6.74e9),
+    (MoEConfig.moe_7_1b, 7.1e9),
+    (BertConfig.bert_large, 3.35e8),
+]
+
+
+@pytest.mark.parametrize(("preset", "nominal"), NOMINAL, ids=lambda v: getattr(v, "__name__", ""))
+def test_paper_presets_size(preset: Callable[[], BaseConfig], nominal: float) -> None:
+    n = preset().num_params()
+    assert abs(n - nominal) / nominal < 0.10, (n, nominal)
+
+
+def test_paper_preset_abstract_step() -> None:
+    # Paper-scale args are shape-only (no weights allocated) and the step traces on them.
+    step, args = moe(MoEConfig.moe_7_1b(), abstract=True)
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(args))
+    assert args[0]["layers"][1]["moe"]["w_in"].shape == (32, 1280, 10240)
+    loss = jax.eval_shape(step, *args)[0]
+    assert loss.shape == () and loss.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("cls", [GPTConfig, LlamaConfig, MoEConfig, BertConfig])
+def test_config_validation(cls: type[BaseConfig]) -> None:
+    with pytest.raises(ValueError, match="hidden"):
+        cls(hidden=60, heads=8)
+    with pytest.raises(ValueError, match="num_layers"):
+        cls(num_layers=0)
+    with pytest.raises(ValueError, match="dtype"):
+        cls(dtype="int32")
+    assert cls.tiny() == cls()
+    assert cls.small().num_params() > cls.tiny().num_params()
+
+
+def test_moe_config_validation() -> None:
+    with pytest.raises(ValueError, match="expert_group_size"):
+        MoEConfig(expert_group_size=48)
+    with pytest.raises(ValueError, match="num_experts"):
+        MoEConfig(num_experts=1)
+    assert MoEConfig.moe_7_1b().expert_capacity == 128
+
+
+def test_moe_gating_respects_capacity() -> None:
+    from explorer.models.moe import top2_gating
+
+    logits = jax.random.normal(jax.random.PRNGKey(1), (2, 16, 4))
+    combine, dispatch, aux = jax.jit(partial(top2_gating, capacity=3))(logits)
+    assert combine.shape == dispatch.shape == (2, 16, 4, 3)
+    # Each expert slot holds at most one token; each token goes to at most two experts.
+    assert float(jnp.max(jnp.sum(dispatch, axis=1))) <= 1.0
+    assert float(jnp.max(jnp.sum(dispatch, axis=(2, 3)))) <= 2.0
+    assert float(jnp.max(jnp.sum(combine, axis=(2, 3)))) <= 1.0 + 1e-6
+    assert float(aux) > 0.0
