@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from explorer import _jax_compat as jc
 from explorer.errors import ArgumentMismatchError
-from explorer.ir import DimAxes, Graph, ShardingAssignment
+from explorer.ir import Graph, ShardingAssignment
 from explorer.mesh import named_sharding
 
 
@@ -40,11 +40,11 @@ class RealizedStep:
 def realize(graph: Graph, assignment: ShardingAssignment, mesh: Mesh) -> RealizedStep:
     if graph.program is None:
         raise ArgumentMismatchError("this Graph carries no program to realise (was it traced?)")
-    values = {v: named_sharding(mesh, d) for v, d in assignment.values if _sharded(d)}
-    op_index = {op.id: op.id for op in graph.ops}  # graph op ids are program equation indices
-    operands = {
-        (op_index[o], p): named_sharding(mesh, d) for o, p, d in assignment.operands if _sharded(d)
-    }
+    # Replicated layouts are constraints too: they are where a K split's partial sums are
+    # reduced, and where a head gathers its input.
+    values = {v: named_sharding(mesh, d) for v, d in assignment.values}
+    # graph op ids are the program's equation indices
+    operands = {(o, p): named_sharding(mesh, d) for o, p, d in assignment.operands}
     program = graph.program
 
     def constrain_value(vid: int, x: Any) -> Any:
@@ -72,10 +72,6 @@ def realize(graph: Graph, assignment: ShardingAssignment, mesh: Mesh) -> Realize
     )
     fn = jax.jit(sharded_step, in_shardings=tuple(in_shardings), out_shardings=out_shardings)
     return RealizedStep(fn, tuple(in_shardings), out_shardings, mesh)
-
-
-def _sharded(dims: DimAxes) -> bool:
-    return any(dims)
 
 
 def _constrain(x: Any, sharding: NamedSharding) -> Any:

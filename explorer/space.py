@@ -28,6 +28,7 @@ from explorer.ir import (
     ExcludedStrategy,
     Graph,
     ParallelBlock,
+    Role,
     ShardingAssignment,
     Strategy,
     ValueKind,
@@ -157,7 +158,9 @@ def shardings(
             )
     inputs = _input_shardings(graph, values)
     outputs = _output_shardings(graph, inputs)
-    internal = tuple(sorted((v, d) for v, d in values.items() if v not in set(graph.inputs)))
+    _pin_optimizer_updates(graph, outputs, values)
+    input_ids = set(graph.inputs)
+    internal = tuple(sorted((v, d) for v, d in values.items() if v not in input_ids))
     return ShardingAssignment(mesh.axes, inputs, outputs, internal, tuple(operands))
 
 
@@ -204,6 +207,34 @@ def _output_shardings(graph: Graph, inputs: tuple[DimAxes, ...]) -> tuple[DimAxe
         shape = graph.values[vid].type.shape
         out.append(by_suffix.get((_suffix(path), shape), ((),) * len(shape)))
     return tuple(out)
+
+
+def _pin_optimizer_updates(
+    graph: Graph, outputs: tuple[DimAxes, ...], values: dict[int, DimAxes]
+) -> None:
+    """Keep each parameter's update in the parameter's layout.
+
+    Left alone, the partitioner may shard the elementwise AdamW update of a replicated
+    parameter and all-gather the result: communication no configuration asked for. Walking
+    back from each updated parameter through optimizer ops of the same shape pins them.
+    """
+    from explorer.ir import Role
+
+    pending = [
+        (vid, dims) for vid, dims in zip(graph.outputs, outputs, strict=True) if vid not in values
+    ]
+    while pending:
+        vid, dims = pending.pop()
+        if vid in values:
+            continue
+        producer = graph.producer(vid)
+        if producer is None or producer.role is not Role.OPTIMIZER:
+            continue
+        values[vid] = dims
+        shape = graph.values[vid].type.shape
+        for operand in producer.inputs:
+            if graph.values[operand].type.shape == shape and operand not in values:
+                pending.append((operand, dims))
 
 
 def _suffix(path: str) -> str:

@@ -309,8 +309,7 @@ def _link_backward_to_forward(
         elif found:
             mine = {origin(v) for v in eqn.invars}
             shared = [
-                len(mine & {origin(v) for v in (*eqns[f].invars, *eqns[f].outvars)})
-                for f in found
+                len(mine & {origin(v) for v in (*eqns[f].invars, *eqns[f].outvars)}) for f in found
             ]
             best = max(range(len(found)), key=shared.__getitem__)
             if shared[best] > 0:

@@ -1,0 +1,1 @@
+"""Profiling: compiled programs priced by a platform model, or measured on devices."""

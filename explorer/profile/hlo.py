@@ -1,0 +1,164 @@
+"""Collectives read from the optimised HLO text of a compiled program.
+
+The partitioner and later passes decide what communication really happens (combined
+all-reduces, all-reduce rewritten as reduce-scatter + all-gather, RNG broadcasts), so this is
+the ground the `compiled` backend prices. Replica groups come in three spellings: explicit
+`{{0,1},{2,3}}`, iota `[4,2]<=[2,4]T(1,0)`, and named `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}`;
+all are expanded to device groups and mapped back to the mesh axes they span.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from explorer.mesh import MeshSpec
+
+
+class CollectiveKind(StrEnum):
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    COLLECTIVE_PERMUTE = "collective-permute"
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    kind: CollectiveKind
+    name: str  # HLO instruction name
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, dims) of each result element
+    nbytes: int  # size of the full buffer the collective moves (see module doc)
+    group_size: int
+    axes: tuple[str, ...]  # mesh axes the replica groups span
+    op_names: tuple[str, ...]  # JAX op names (name stacks) of the results, per element
+
+    @property
+    def is_backward(self) -> bool:
+        return any("transpose(" in n for n in self.op_names)
+
+    @property
+    def is_scalar(self) -> bool:
+        return all(not dims for _, dims in self.shapes)
+
+
+_DTYPE_BYTES = {
+    "pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+    "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1,
+}  # fmt: skip
+
+_KINDS = "|".join(k.value for k in CollectiveKind)
+_INSTRUCTION = re.compile(
+    rf"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
+    rf"(?P<kind>{_KINDS})(?P<suffix>-start|-done)?\((?P<args>[^)]*)\)(?P<attrs>.*)$"
+)
+_GTE = re.compile(
+    r"=\s*\S+\s+get-tuple-element\(%(?P<source>[\w.\-]+)\),\s*index=(?P<index>\d+)"
+    r'.*?op_name="(?P<op>[^"]*)"'
+)
+_SHAPE = re.compile(r"(?P<dtype>[a-z]+[0-9]*[a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def parse_collectives(hlo: str, mesh: MeshSpec) -> tuple[Collective, ...]:
+    """Every collective of an optimised HLO module, async pairs counted once."""
+    gte_names: dict[str, dict[int, str]] = {}
+    for match in _GTE.finditer(hlo):
+        gte_names.setdefault(match["source"], {})[int(match["index"])] = match["op"]
+    starts: dict[str, str] = {}
+    found = []
+    for line in hlo.splitlines():
+        match = _INSTRUCTION.match(line)
+        if match is None:
+            continue
+        suffix = match["suffix"]
+        if suffix == "-start":
+            starts[match["name"]] = match["attrs"]
+            continue
+        attrs = match["attrs"]
+        if suffix == "-done":
+            attrs = starts.get(match["args"].strip().lstrip("%"), attrs) + attrs
+        found.append(_collective(match, attrs, gte_names, mesh))
+    return tuple(found)
+
+
+def _collective(
+    match: re.Match[str], attrs: str, gte_names: dict[str, dict[int, str]], mesh: MeshSpec
+) -> Collective:
+    kind = CollectiveKind(match["kind"])
+    shapes = tuple(
+        (m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d))
+        for m in _SHAPE.finditer(match["shape"])
+    )
+    groups = _replica_groups(attrs, mesh.size)
+    group_size = len(groups[0]) if groups else 1
+    if kind is CollectiveKind.COLLECTIVE_PERMUTE:
+        axes = _permute_axes(attrs, mesh)
+        group_size = 2 if axes else 1
+    else:
+        axes = _axes_of(groups, mesh)
+    result_bytes = sum(_DTYPE_BYTES.get(dtype, 4) * math.prod(dims) for dtype, dims in shapes)
+    nbytes = result_bytes * group_size if kind is CollectiveKind.REDUCE_SCATTER else result_bytes
+    element_names = gte_names.get(match["name"], {})
+    own = _OP_NAME.search(attrs)
+    if element_names:
+        op_names = tuple(element_names.get(i, own[1] if own else "") for i in range(len(shapes)))
+    else:
+        op_names = (own[1],) if own else ()
+    return Collective(kind, match["name"], shapes, nbytes, group_size, axes, op_names)
+
+
+def _replica_groups(attrs: str, device_count: int) -> list[list[int]]:
+    named = re.search(r"replica_groups=mesh\[(?P<mesh>[^\]]*)\]\s*\{(?P<axes>[^}]*)\}", attrs)
+    if named:
+        sizes = [
+            (n.strip("' "), int(s)) for n, s in (p.split("=") for p in named["mesh"].split(","))
+        ]
+        over = {a.strip("' ") for a in named["axes"].split(",") if a.strip()}
+        ids = np.arange(math.prod(s for _, s in sizes)).reshape([s for _, s in sizes])
+        keep = [i for i, (n, _) in enumerate(sizes) if n not in over]
+        move = [i for i, (n, _) in enumerate(sizes) if n in over]
+        grouped = ids.transpose(keep + move).reshape(-1, math.prod(sizes[i][1] for i in move))
+        return grouped.tolist()
+    iota = re.search(
+        r"replica_groups=\[(?P<shape>[0-9,]+)\]<=\[(?P<dims>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?",
+        attrs,
+    )
+    if iota:
+        shape = [int(x) for x in iota["shape"].split(",")]
+        dims = [int(x) for x in iota["dims"].split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if iota["perm"]:
+            ids = ids.transpose([int(x) for x in iota["perm"].split(",")])
+        return ids.reshape(shape[0], -1).tolist()
+    explicit = re.search(r"replica_groups=\{(?P<body>(?:\{[0-9,]*\},?)*)\}", attrs)
+    if explicit and explicit["body"]:
+        return [
+            [int(x) for x in group.split(",") if x]
+            for group in re.findall(r"\{([0-9,]*)\}", explicit["body"])
+        ]
+    return [list(range(device_count))]  # empty groups: every device in one group
+
+
+def _coordinates(device: int, mesh: MeshSpec) -> tuple[int, ...]:
+    return tuple(int(c) for c in np.unravel_index(device % mesh.size, mesh.shape))
+
+
+def _axes_of(groups: list[list[int]], mesh: MeshSpec) -> tuple[str, ...]:
+    if not groups or len(groups[0]) < 2:
+        return ()
+    coords = [_coordinates(d, mesh) for d in groups[0]]
+    return tuple(name for i, name in enumerate(mesh.names) if len({c[i] for c in coords}) > 1)
+
+
+def _permute_axes(attrs: str, mesh: MeshSpec) -> tuple[str, ...]:
+    pairs = re.findall(r"\{(\d+),(\d+)\}", attrs.split("source_target_pairs=")[-1])
+    varying: set[int] = set()
+    for source, target in pairs:
+        a, b = _coordinates(int(source), mesh), _coordinates(int(target), mesh)
+        varying |= {i for i in range(len(a)) if a[i] != b[i]}
+    return tuple(mesh.names[i] for i in sorted(varying))
