@@ -6,7 +6,8 @@ Public verbs only; the stages live in their own modules and `pipeline` chains th
 from explorer import models
 from explorer.errors import ExplorerError
 from explorer.ir import Graph
+from explorer.pipeline import Analysis, analyze
 from explorer.trace import trace
 
-__all__ = ["ExplorerError", "Graph", "models", "trace"]
+__all__ = ["Analysis", "ExplorerError", "Graph", "analyze", "models", "trace"]
 __version__ = "0.1.0"

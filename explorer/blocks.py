@@ -151,6 +151,9 @@ class _State:
 
         def enqueue_users(vid: int, owned: bool) -> None:
             for user in self.graph.users(vid):
+                # backward readers of saved activations lie far ahead and never join
+                if self.graph.ops[user].role is not Role.FORWARD:
+                    continue
                 if owned:
                     live.add(user)
                 if user not in queued:
@@ -163,8 +166,6 @@ class _State:
             op = self.graph.ops[heapq.heappop(frontier)]
             reads_owned = op.id in live
             live.discard(op.id)
-            if op.role is not Role.FORWARD:
-                continue
             results = None
             if self.block_of[op.id] is None and not any(v in tainted for v in op.inputs):
                 results = self._propagate(draft, op) if reads_owned else None

@@ -218,7 +218,6 @@ def _pin_optimizer_updates(
     parameter and all-gather the result: communication no configuration asked for. Walking
     back from each updated parameter through optimizer ops of the same shape pins them.
     """
-    from explorer.ir import Role
 
     pending = [
         (vid, dims) for vid, dims in zip(graph.outputs, outputs, strict=True) if vid not in values

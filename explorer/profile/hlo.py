@@ -67,8 +67,8 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 def parse_collectives(hlo: str, mesh: MeshSpec) -> tuple[Collective, ...]:
     """Every collective of an optimised HLO module, async pairs counted once."""
     gte_names: dict[str, dict[int, str]] = {}
-    for match in _GTE.finditer(hlo):
-        gte_names.setdefault(match["source"], {})[int(match["index"])] = match["op"]
+    for gte in _GTE.finditer(hlo):
+        gte_names.setdefault(gte["source"], {})[int(gte["index"])] = gte["op"]
     starts: dict[str, str] = {}
     found = []
     for line in hlo.splitlines():
@@ -156,7 +156,7 @@ def _axes_of(groups: list[list[int]], mesh: MeshSpec) -> tuple[str, ...]:
 
 
 def _permute_axes(attrs: str, mesh: MeshSpec) -> tuple[str, ...]:
-    pairs = re.findall(r"\{(\d+),(\d+)\}", attrs.split("source_target_pairs=")[-1])
+    pairs = re.findall(r"\{(\d+),(\d+)\}", attrs.rsplit("source_target_pairs=", maxsplit=1)[-1])
     varying: set[int] = set()
     for source, target in pairs:
         a, b = _coordinates(int(source), mesh), _coordinates(int(target), mesh)

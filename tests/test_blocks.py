@@ -1,0 +1,179 @@
+"""ParallelBlocks on the model zoo (the paper's Algorithm 1) and their bad inputs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from helpers import analysed, layer_of
+
+import explorer as ex
+from explorer.blocks import build_blocks
+from explorer.ir import DimRole, Role
+from explorer.mesh import mesh_spec
+from explorer.space import build_space, config_count
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert", "llama"])
+def test_every_layer_has_the_four_paper_blocks(name: str) -> None:
+    graph, analysis = analysed(name, (4,))
+    print(f"\n[{name}] {graph.summary()}\n{analysis.summary(graph)}")
+    by_layer = defaultdict(list)
+    for block in analysis.blocks:
+        by_layer[layer_of(block.scope)].append(block)
+    layers = sorted(k for k in by_layer if k.startswith("layer_"))
+    assert layers == ["layer_0", "layer_1"]
+    for layer in layers:
+        blocks = by_layer[layer]
+        assert len(blocks) == 4, [b.scope for b in blocks]
+        hidden = graph.ops[blocks[0].head].input_types[0].shape[-1]
+        weights = [graph.ops[b.head].input_types[1].shape for b in blocks]
+        qkv, out, mlp_in, mlp_out = weights
+        assert qkv == (hidden, 3 * hidden)
+        assert out == (hidden, hidden)
+        assert mlp_in[0] == hidden and mlp_out[1] == hidden
+        assert mlp_out[0] in (mlp_in[1], mlp_in[1] // 2)  # SwiGLU fuses gate and up
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert", "llama"])
+def test_attention_matmuls_and_softmax_join_the_qkv_block(name: str) -> None:
+    graph, analysis = analysed(name, (4,))
+    qkv = analysis.blocks[0]
+    members = [graph.ops[o] for o in qkv.forward_ops]
+    batched_dots = [op for op in members if op.primitive == "dot_general" and op.id != qkv.head]
+    assert len(batched_dots) == 2  # scores and the weighted sum of values
+    primitives = {op.primitive for op in members}
+    assert {"reduce_max", "exp", "div"} <= primitives  # the softmax
+    # and the attention-output matmul starts the next block: its K is the heads split
+    assert graph.ops[analysis.blocks[1].head].scope.endswith("attn")
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "bert", "moe"])
+def test_backward_ops_share_their_forward_ops_block(name: str) -> None:
+    graph, analysis = analysed(name, (4,))
+    checked = 0
+    for op in graph.ops:
+        if op.role is not Role.BACKWARD or op.forward_op is None:
+            continue
+        forward_block = analysis.block_of_op[op.forward_op]
+        if forward_block is not None:
+            assert analysis.block_of_op[op.id] == forward_block, str(op)
+            checked += 1
+    assert checked > 20
+    # every backward dot of a block's head lands in that block
+    for block in analysis.blocks:
+        backward_dots = [o for o in block.backward_ops if graph.ops[o].primitive == "dot_general"]
+        assert len(backward_dots) >= 1
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert", "llama"])
+def test_one_d_mesh_of_four_gives_three_strategies_per_block(name: str) -> None:
+    _, analysis = analysed(name, (4,))
+    layer_blocks = [b for b in analysis.blocks if b.scope.startswith("layer_0")]
+    for block in layer_blocks:
+        assert [s.name for s in block.strategies] == ["M@x", "N@x", "K@x"]
+    assert config_count(tuple(layer_blocks)) == 81
+
+
+def test_moe_expert_block_has_the_expert_strategy_too() -> None:
+    graph, analysis = analysed("moe", (4,))
+    print(f"\n[moe] {analysis.summary(graph)}")
+    experts = [
+        b
+        for b in analysis.blocks
+        if DimRole.E in b.roles and graph.ops[b.head].input_types[1].rank == 3
+    ]
+    assert experts, "the batched expert matmul heads a block"
+    for block in experts:
+        assert [s.name for s in block.strategies] == ["E@x", "M@x", "N@x", "K@x"]
+    dense = [b for b in analysis.blocks if b.scope.startswith("layer_0")]
+    assert all(len(b.strategies) == 3 for b in dense)
+
+
+def test_two_d_mesh_pins_batch_to_the_outer_axis_by_default() -> None:
+    graph, _ = analysed("gpt", (4,))
+    spec = mesh_spec((2, 2))
+    pinned = build_space(build_blocks(graph, spec.size), spec)
+    free = build_space(build_blocks(graph, spec.size), spec, free_axes=True)
+    block = pinned.blocks[0]
+    assert [s.name for s in block.strategies] == ["M@x+y", "M@x,N@y", "M@x,K@y"]
+    assert len(free.blocks[0].strategies) == 9
+
+
+def test_a_mesh_that_divides_nothing_leaves_the_replicated_strategy_with_a_reason() -> None:
+    graph, _ = analysed("gpt", (4,))
+    spec = mesh_spec((5,))
+    analysis = build_space(build_blocks(graph, spec.size), spec)
+    for block in analysis.blocks:
+        assert [s.name for s in block.strategies] == ["replicated"]
+        reasons = " ".join(e.reason for e in block.excluded)
+        assert "does not divide into 5 parts" in reasons
+        assert "stays replicated" in reasons
+
+
+def _unknown_op_step(params: Any, opt_state: Any, x: jax.Array) -> Any:
+    def loss(p: Any) -> jax.Array:
+        h = x @ p["w1"]
+        h = jax.lax.reduce_window(h, 0.0, jax.lax.add, (1, 2), (1, 1), "SAME")
+        return jnp.mean((h @ p["w2"]) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optax.sgd(0.1).update(grads, opt_state, params)
+    return value, optax.apply_updates(params, updates), opt_state
+
+
+def test_an_unknown_op_ends_the_block_and_is_reported() -> None:
+    params = {"w1": jnp.ones((8, 16)), "w2": jnp.ones((16, 4))}
+    graph = ex.trace(_unknown_op_step, params, optax.sgd(0.1).init(params), jnp.ones((8, 8)))
+    analysis = build_blocks(graph, 4)
+    assert "reduce_window_sum" in analysis.unknown_primitives
+    first = analysis.blocks[0]
+    assert any("reduce_window_sum" in reason for reason in first.ends)
+    assert len(analysis.blocks) == 2
+
+
+def test_blocks_are_disjoint_and_block_of_op_agrees() -> None:
+    graph, analysis = analysed("gpt", (4,))
+    for block in analysis.blocks:
+        for op in block.ops:
+            assert analysis.block_of_op[op] == block.index
+    owned = sum(len(b.ops) for b in analysis.blocks)
+    assert owned == sum(1 for b in analysis.block_of_op if b is not None)
+    assert owned < len(graph.ops)  # layer norms, embedding and optimizer stay outside
+
+
+def test_parameter_branches_join_the_consuming_block() -> None:
+    graph, analysis = analysed("gpt", (4,))
+    qkv = analysis.blocks[0]
+    branch = [graph.ops[o] for o in qkv.branch_ops]
+    assert [op.primitive for op in branch] == ["broadcast_in_dim"]  # the QKV bias
+    bias = branch[0].inputs[0]
+    assert graph.values[bias].path.endswith("['b_qkv']")
+    layout = qkv.layout_of(bias)
+    assert layout is not None and layout.dim_of(DimRole.N) == 0
+
+
+def _shared_weight_step(params: Any, opt_state: Any, x: jax.Array) -> Any:
+    def loss(p: Any) -> jax.Array:
+        h = jax.nn.relu(x @ p["w"])  # w as [in, out]: its columns are N
+        return jnp.mean(jnp.tanh(h @ p["w"].T) ** 2)  # w.T: the same columns are now K
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optax.sgd(0.1).update(grads, opt_state, params)
+    return value, optax.apply_updates(params, updates), opt_state
+
+
+def test_a_weight_wanted_by_two_blocks_is_a_recorded_conflict() -> None:
+    params = {"w": jnp.ones((16, 32))}
+    graph = ex.trace(_shared_weight_step, params, optax.sgd(0.1).init(params), jnp.ones((8, 16)))
+    analysis = build_blocks(graph, 4)
+    assert len(analysis.blocks) == 2
+    (conflict,) = analysis.conflicts
+    assert conflict.blocks == (0, 1) and conflict.chosen == 0
+    assert "params['w']" in conflict.reason
+    first = analysis.blocks[0].layout_of(conflict.value)
+    assert first is not None and first.dim_of(DimRole.N) == 1

@@ -1,0 +1,141 @@
+"""Realised configurations are real SPMD programs computing the unsharded step's numbers.
+
+Tolerances: rtol 1e-5 in f32 as the issue asks, with atol 1e-5. AdamW's update is
+lr * m / (sqrt(v) + eps): on the very first step that is ~lr * sign(g), so for a gradient near
+zero the summation order of a sharded reduction can flip it. The comparison therefore runs the
+*second* training step (moments warmed by one unsharded step), where the update is a smooth
+function of the gradient, like every step after it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from functools import cache
+from typing import Any
+
+import jax
+import pytest
+from helpers import assert_trees_close, traced
+
+from explorer.blocks import build_blocks
+from explorer.ir import BlockAnalysis, Config, Graph, ValueKind
+from explorer.mesh import make_mesh, mesh_spec
+from explorer.profile.hlo import CollectiveKind, parse_collectives
+from explorer.realize import realize
+from explorer.space import build_space, shardings
+
+RTOL = ATOL = 1e-5
+
+
+@cache
+def _gpt_layer() -> tuple[Any, Any, Graph, Any]:
+    step, args, graph = traced("gpt", 1)
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    return step, warm, graph, plain(*warm)
+
+
+def _space(graph: Graph, shape: tuple[int, ...], free: bool = False) -> BlockAnalysis:
+    spec = mesh_spec(shape)
+    return build_space(build_blocks(graph, spec.size), spec, free_axes=free)
+
+
+def _run(
+    graph: Graph,
+    analysis: BlockAnalysis,
+    shape: tuple[int, ...],
+    choices: tuple[int, ...],
+    args: Any,
+) -> Any:
+    spec = mesh_spec(shape)
+    assignment = shardings(graph, analysis.blocks, Config(choices), spec)
+    return realize(graph, assignment, make_mesh(spec))(*args)
+
+
+@pytest.mark.slow
+def test_every_configuration_of_a_gpt_layer_matches_the_unsharded_step() -> None:
+    _, args, graph, expected = _gpt_layer()
+    analysis = _space(graph, (4,))
+    layer = [b for b in analysis.blocks if b.scope.startswith("layer_0")]
+    assert len(layer) == 4 and len(analysis.blocks) == 5
+    configs = list(itertools.product(*(range(len(b.strategies)) for b in layer)))
+    assert len(configs) == 81
+    for choices in configs:
+        found = _run(graph, analysis, (4,), (*choices, 0), args)
+        assert_trees_close(expected, found, RTOL, ATOL)
+
+
+@pytest.mark.slow
+def test_sampled_configurations_on_a_two_by_two_mesh_match() -> None:
+    _, args, graph, expected = _gpt_layer()
+    analysis = _space(graph, (2, 2), free=True)
+    sizes = [len(b.strategies) for b in analysis.blocks]
+    assert sizes[0] == 9
+    rng = random.Random(20261122)
+    configs = {tuple(rng.randrange(n) for n in sizes) for _ in range(20)}
+    configs |= {tuple([0] * len(sizes))}
+    assert len(configs) >= 20
+    for choices in sorted(configs):
+        found = _run(graph, analysis, (2, 2), choices, args)
+        assert_trees_close(expected, found, RTOL, ATOL)
+
+
+def _collectives(graph: Graph, analysis: BlockAnalysis, choices: tuple[int, ...], args: Any) -> Any:
+    spec = mesh_spec((4,))
+    assignment = shardings(graph, analysis.blocks, Config(choices), spec)
+    compiled = realize(graph, assignment, make_mesh(spec)).lower(*args).compile()
+    return parse_collectives(compiled.as_text(), spec)
+
+
+def _choice(analysis: BlockAnalysis, names: list[str]) -> tuple[int, ...]:
+    return tuple(
+        [s.name for s in b.strategies].index(n) for b, n in zip(analysis.blocks, names, strict=True)
+    )
+
+
+def test_all_batch_configuration_communicates_gradients_only() -> None:
+    _, args, graph, _ = _gpt_layer()
+    analysis = _space(graph, (4,))
+    collectives = _collectives(graph, analysis, _choice(analysis, ["M@x"] * 5), args)
+    assert any(c.kind is CollectiveKind.ALL_REDUCE and c.is_backward for c in collectives)
+    for collective in collectives:
+        for name, (_, dims) in zip(collective.op_names, collective.shapes, strict=False):
+            # the only forward collective allowed is the scalar loss mean
+            assert "transpose(" in name or dims == (), (collective.kind, name, dims)
+
+
+def test_megatron_configuration_reduces_activations_not_weight_gradients() -> None:
+    _, args, graph, _ = _gpt_layer()
+    analysis = _space(graph, (4,))
+    megatron = ["N@x", "K@x", "N@x", "K@x", "N@x"]  # column then row split; vocab-parallel head
+    collectives = _collectives(graph, analysis, _choice(analysis, megatron), args)
+    forward_reduces = [
+        dims
+        for c in collectives
+        if c.kind is CollectiveKind.ALL_REDUCE
+        for name, (_, dims) in zip(c.op_names, c.shapes, strict=False)
+        if "transpose(" not in name
+    ]
+    assert (8, 32, 64) in forward_reduces  # attention-out and MLP-out activations
+    weight_shapes = set()
+    for value in graph.inputs_of_kind(ValueKind.PARAMETER):
+        shape = value.type.shape
+        if len(shape) == 2:
+            weight_shapes |= {shape, (shape[0] // 4, shape[1]), (shape[0], shape[1] // 4)}
+    for collective in collectives:
+        if collective.kind is CollectiveKind.ALL_REDUCE and collective.is_backward:
+            for _, dims in collective.shapes:
+                assert dims not in weight_shapes, f"weight-gradient all-reduce {dims}"
+
+
+def test_realised_step_rejects_arguments_of_another_structure() -> None:
+    _, args, graph, _ = _gpt_layer()
+    analysis = _space(graph, (4,))
+    spec = mesh_spec((4,))
+    step = realize(
+        graph, shardings(graph, analysis.blocks, Config((0,) * 5), spec), make_mesh(spec)
+    )
+    with pytest.raises((ValueError, TypeError)):
+        step(*args[:3])
