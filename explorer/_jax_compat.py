@@ -91,6 +91,40 @@ class FlatProgram:
     outvars: tuple[int, ...]
     avals: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per value id
     constants: dict[int, Any]  # value id -> concrete constant (literals, closed-over consts)
+    dtypes: tuple[Any, ...] = ()  # the dtype objects themselves (PRNG key types included)
+
+    def subprogram(self, eqn_indices: Sequence[int]) -> FlatProgram:
+        """The equations at `eqn_indices` as a program of their own.
+
+        Inputs: every value they read but do not make (constants excluded); outputs: every
+        value they make that an equation outside the selection, or the whole program, reads.
+        """
+        chosen = sorted(set(eqn_indices))
+        inside = set(chosen)
+        made: set[int] = set()
+        inputs: list[int] = []
+        for index in chosen:
+            for vid in self.eqns[index].invars:
+                if vid not in made and vid not in self.constants and vid not in inputs:
+                    inputs.append(vid)
+            made.update(self.eqns[index].outvars)
+        read_outside = set(self.outvars)
+        for index, eqn in enumerate(self.eqns):
+            if index not in inside:
+                read_outside.update(v for v in eqn.invars if v in made)
+        outputs = [v for i in chosen for v in self.eqns[i].outvars if v in read_outside]
+        return FlatProgram(
+            eqns=tuple(self.eqns[i] for i in chosen),
+            invars=tuple(inputs),
+            outvars=tuple(dict.fromkeys(outputs)),
+            avals=self.avals,
+            constants=self.constants,
+            dtypes=self.dtypes,
+        )
+
+    def abstract(self, vid: int, sharding: Any = None) -> Any:
+        shape, _ = self.avals[vid]
+        return jax.ShapeDtypeStruct(shape, self.dtypes[vid], sharding=sharding)
 
 
 def make_jaxpr(fn: Callable[..., Any], *args: Any) -> Any:
@@ -180,21 +214,23 @@ def flatten(closed_jaxpr: Any) -> FlatProgram:
     """
     ids: dict[Any, int] = {}
     avals: list[tuple[tuple[int, ...], str]] = []
+    dtypes: list[Any] = []
     constants: dict[int, Any] = {}
     eqns: list[FlatEqn] = []
 
-    def new_value(aval: tuple[tuple[int, ...], str]) -> int:
-        avals.append(aval)
+    def new_value(var: Any) -> int:
+        avals.append(_aval_of(var))
+        dtypes.append(getattr(var.aval, "dtype", None))
         return len(avals) - 1
 
     def bind_var(var: Any) -> int:
-        vid = new_value(_aval_of(var))
+        vid = new_value(var)
         ids[var] = vid
         return vid
 
     def read(var: Any, env: dict[Any, int]) -> int:
         if isinstance(var, jax_core.Literal):
-            vid = new_value(_aval_of(var))
+            vid = new_value(var)
             constants[vid] = var.val
             return vid
         return env[var]
@@ -202,7 +238,7 @@ def flatten(closed_jaxpr: Any) -> FlatProgram:
     def inline(jaxpr: Any, consts: Sequence[Any], args: Sequence[int], stack: str) -> list[int]:
         env: dict[Any, int] = {}
         for var, const in zip(jaxpr.constvars, consts, strict=True):
-            vid = new_value(_aval_of(var))
+            vid = new_value(var)
             constants[vid] = const
             env[var] = vid
         for var, vid in zip(jaxpr.invars, args, strict=True):
@@ -223,7 +259,7 @@ def flatten(closed_jaxpr: Any) -> FlatProgram:
                 raise UnsupportedPrimitiveError(name, user_location(eqn.source_info), hint)
             outs = []
             for var in eqn.outvars:
-                vid = new_value(_aval_of(var))
+                vid = new_value(var)
                 if not isinstance(var, jax_core.DropVar):
                     env[var] = vid
                 outs.append(vid)
@@ -249,6 +285,7 @@ def flatten(closed_jaxpr: Any) -> FlatProgram:
         outvars=tuple(outvars),
         avals=tuple(avals),
         constants=constants,
+        dtypes=tuple(dtypes),
     )
 
 

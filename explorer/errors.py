@@ -37,6 +37,10 @@ class AnalysisError(ExplorerError):
     """An analysis stage was asked for something it cannot give."""
 
 
+class ProfilingBudgetError(AnalysisError):
+    """A segment's configuration space is larger than the profiling budget."""
+
+
 UNSUPPORTED_PRIMITIVE = (
     "the step uses `{primitive}` at {where}, which the explorer cannot flatten into a graph of "
     "primitive ops. {hint}"

@@ -79,3 +79,87 @@ def _constrain(x: Any, sharding: NamedSharding) -> Any:
     if dtype is None or not isinstance(dtype, np.dtype):
         return x  # PRNG keys and other extended dtypes: leave to the compiler
     return jax.lax.with_sharding_constraint(x, sharding)
+
+
+# -- segment and resharding programs -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StandaloneProgram:
+    """A jitted program over flat arrays, with abstract inputs to lower it without data."""
+
+    fn: Any
+    inputs: tuple[Any, ...]  # jax.ShapeDtypeStruct per input, carrying its sharding
+    input_values: tuple[int, ...]  # graph value ids of the inputs
+    output_values: tuple[int, ...]
+
+    def lower(self) -> Any:
+        return self.fn.lower(*self.inputs)
+
+
+def segment_program(
+    graph: Graph,
+    ops: tuple[int, ...],
+    assignment: ShardingAssignment,
+    mesh: Mesh,
+    input_layouts: dict[int, Any] | None = None,
+) -> StandaloneProgram:
+    """The ops of one segment instance as a program of their own.
+
+    Its inputs are every value the ops read but do not make: step inputs keep the layout the
+    assignment gives them, values listed in `input_layouts` (the boundary tensors) arrive in
+    that layout, and anything else arrives replicated. Block values inside keep their
+    sharding constraints, so the partitioner inserts the same communication as in the step.
+    """
+    program = graph.program.subprogram(ops)
+    position = {vid: i for i, vid in enumerate(graph.inputs)}
+    values = dict(assignment.values)
+    layouts = input_layouts or {}
+    shardings = []
+    for vid in program.invars:
+        if vid in layouts:
+            dims = layouts[vid]
+        elif vid in position:
+            dims = assignment.inputs[position[vid]]
+        else:
+            dims = values.get(vid, ((),) * graph.values[vid].type.rank)
+        shardings.append(named_sharding(mesh, dims))
+    value_shardings = {v: named_sharding(mesh, d) for v, d in assignment.values}
+    eqn_position = {op: i for i, op in enumerate(sorted(set(ops)))}
+    operand_shardings = {
+        (eqn_position[o], p): named_sharding(mesh, d)
+        for o, p, d in assignment.operands
+        if o in eqn_position
+    }
+
+    def constrain_value(vid: int, x: Any) -> Any:
+        sharding = value_shardings.get(vid)
+        return _constrain(x, sharding) if sharding is not None else x
+
+    def constrain_operand(eqn: int, p: int, x: Any) -> Any:
+        sharding = operand_shardings.get((eqn, p))
+        return _constrain(x, sharding) if sharding is not None else x
+
+    def run(*flat: Any) -> Any:
+        return tuple(jc.evaluate(program, flat, constrain_value, constrain_operand))
+
+    fn = jax.jit(run, in_shardings=tuple(shardings))
+    inputs = tuple(program.abstract(v, s) for v, s in zip(program.invars, shardings, strict=True))
+    return StandaloneProgram(fn, inputs, program.invars, program.outvars)
+
+
+def reshard_program(
+    graph: Graph, moves: tuple[tuple[int, Any, Any], ...], mesh: Mesh
+) -> StandaloneProgram:
+    """Move each value `(value id, from layout, to layout)`: the boundary's resharding cost."""
+    sources = tuple(named_sharding(mesh, src) for _, src, _ in moves)
+    targets = tuple(named_sharding(mesh, dst) for _, _, dst in moves)
+
+    def run(*flat: Any) -> Any:
+        return tuple(_constrain(x, t) for x, t in zip(flat, targets, strict=True))
+
+    fn = jax.jit(run, in_shardings=sources, out_shardings=targets)
+    program = graph.program
+    inputs = tuple(program.abstract(v, s) for (v, _, _), s in zip(moves, sources, strict=True))
+    ids = tuple(v for v, _, _ in moves)
+    return StandaloneProgram(fn, inputs, ids, ids)

@@ -259,3 +259,31 @@ def _match_suffix(
             if found is not None:
                 return found
     return None
+
+
+# -- layouts at segment boundaries -----------------------------------------------------------
+
+
+def wanted_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, value: int) -> DimAxes:
+    """The layout `block` under `strategy` wants a tensor of `value`'s shape to arrive in.
+
+    The head's operand layouts come first (the activation entering a layer), then the
+    block's own values of the same shape; a tensor the block has no use for stays replicated.
+    """
+    shape = graph.values[value].type.shape
+    for operand in block.operand_layouts:
+        if graph.values[operand.layout.value].type.shape == shape:
+            return _dim_axes(graph, ValueLayout(value, operand.layout.dims), strategy)
+    return produced_layout(graph, block, strategy, value)
+
+
+def produced_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, value: int) -> DimAxes:
+    """The layout `block` under `strategy` leaves a value in (by shape when not its own)."""
+    own = block.layout_of(value)
+    if own is not None:
+        return _dim_axes(graph, own, strategy)
+    shape = graph.values[value].type.shape
+    for layout in reversed(block.layouts):  # the block's last results first: its outputs
+        if graph.values[layout.value].type.shape == shape:
+            return _dim_axes(graph, ValueLayout(value, layout.dims), strategy)
+    return ((),) * len(shape)

@@ -1,0 +1,477 @@
+"""Segments: fingerprints, unique segment types, and the instance sequence (paper Sec. 4.3).
+
+A segment instance is a contiguous stretch of the forward program together with the backward
+and optimizer ops derived from it. Instances follow the user's top-level scopes when the step
+has them (`embed`, `layer_0`, `layer_1`, ..., `head`); otherwise the block sequence is covered
+greedily by the longest tandem repeats of block fingerprints. Instances with equal fingerprints
+share a unique type, which is profiled once whatever the depth.
+
+A fingerprint is built from the fine-grained dependency graph of the instance's contraction
+ops (shapes, dimension numbers, how each role's split lands on their results, which contraction
+feeds which through which operand) plus the multiset of non-trivial primitives (reductions,
+gathers, RNG) that change communication under a fixed configuration. Elementwise and layout ops
+are left out, so an extra residual add does not make a new type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from explorer import affine
+from explorer.errors import ProfilingBudgetError
+from explorer.ir import (
+    BlockAnalysis,
+    Boundary,
+    Graph,
+    OpNode,
+    ParallelBlock,
+    Role,
+    Segmentation,
+    SegmentInstance,
+    SegmentType,
+    ValueKind,
+)
+
+TRIVIAL = affine.ELEMENTWISE | {
+    "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "copy", "copy_p",
+    "convert_element_type", "select_n",
+}  # fmt: skip
+
+
+def build_segments(graph: Graph, analysis: BlockAnalysis) -> Segmentation:
+    forward = [op for op in graph.ops if op.role is Role.FORWARD]
+    groups, method = _scope_groups(graph, analysis, forward)
+    if sum(1 for g in groups if g.blocks) < 2:
+        groups, method = _repeat_groups(graph, analysis, forward), "repeats"
+    segment_of_op: list[int | None] = [None] * len(graph.ops)
+    for index, group in enumerate(groups):
+        for op_id in group.forward_ops:
+            segment_of_op[op_id] = index
+    _assign_backward(graph, groups, segment_of_op)
+    _assign_optimizer(graph, segment_of_op)
+    resolved = [0 if s is None else s for s in segment_of_op]
+
+    prints = [_fingerprint(graph, analysis, group, resolved, i) for i, group in enumerate(groups)]
+    type_of: dict[str, int] = {}
+    for fingerprint in prints:
+        type_of.setdefault(fingerprint, len(type_of))
+    ops_of: dict[int, list[int]] = defaultdict(list)
+    for op_id, seg in enumerate(resolved):
+        ops_of[seg].append(op_id)
+    instances = tuple(
+        SegmentInstance(i, type_of[prints[i]], g.label, tuple(g.blocks), tuple(ops_of[i]))
+        for i, g in enumerate(groups)
+    )
+    counts = Counter(inst.unique_id for inst in instances)
+    unique = tuple(
+        SegmentType(
+            id=type_id,
+            fingerprint=fingerprint,
+            label=_generic_label(next(i.label for i in instances if i.unique_id == type_id)),
+            block_count=len(next(i.blocks for i in instances if i.unique_id == type_id)),
+            instance_count=counts[type_id],
+        )
+        for fingerprint, type_id in type_of.items()
+    )
+    notes = []
+    if len(unique) == len(instances):
+        notes.append(
+            "no reuse found: every segment is unique, so profiling covers each one separately"
+        )
+    return Segmentation(
+        instances=instances,
+        unique=unique,
+        boundaries=_boundaries(graph, resolved, len(instances)),
+        segment_of_op=tuple(resolved),
+        method=method,
+        notes=tuple(notes),
+    )
+
+
+@dataclass
+class _Group:
+    label: str
+    forward_ops: list[int]
+    blocks: list[int]
+
+
+# -- grouping -------------------------------------------------------------------------------
+
+
+def _top_scope(op: OpNode) -> str:
+    return op.scope.split("/")[0] if op.scope else ""
+
+
+def _scope_groups(
+    graph: Graph, analysis: BlockAnalysis, forward: list[OpNode]
+) -> tuple[list[_Group], str]:
+    """Runs of forward ops by top-level scope; root-scope ops join the run that follows."""
+    runs: list[_Group] = []
+    pending: list[int] = []
+    for op in forward:
+        label = _top_scope(op)
+        if not label:
+            pending.append(op.id)
+            continue
+        if runs and runs[-1].label == label:
+            runs[-1].forward_ops.extend(pending)
+        else:
+            runs.append(_Group(label, list(pending), []))
+        pending = []
+        runs[-1].forward_ops.append(op.id)
+    if pending:
+        if runs:
+            runs[-1].forward_ops.extend(pending)
+        else:
+            runs.append(_Group("", pending, []))
+    head_run = {}
+    for index, run in enumerate(runs):
+        for op_id in run.forward_ops:
+            head_run[op_id] = index
+    for block in analysis.blocks:
+        runs[head_run[block.head]].blocks.append(block.index)
+    # Block-free runs before the first block form one prefix (the embedding); later ones
+    # join the run before them.
+    merged: list[_Group] = []
+    for run in runs:
+        if merged and not run.blocks:
+            merged[-1].forward_ops.extend(run.forward_ops)
+        else:
+            merged.append(run)
+    for group in merged:
+        group.forward_ops.sort()
+    return merged, "scopes"
+
+
+def _repeat_groups(graph: Graph, analysis: BlockAnalysis, forward: list[OpNode]) -> list[_Group]:
+    """Greedy cover of the block sequence by tandem repeats of block fingerprints."""
+    symbols = [_block_signature(graph, b) for b in analysis.blocks]
+    spans = _cover(symbols, 0, len(symbols))
+    if not spans:
+        return [_Group("", [op.id for op in forward], [])]
+    groups = []
+    previous_end = -1
+    for start, end in spans:
+        last = max(o for b in analysis.blocks[start:end] for o in b.forward_ops)
+        ops = [op.id for op in forward if previous_end < op.id <= last]
+        groups.append(_Group(f"blocks_{start}", ops, list(range(start, end))))
+        previous_end = last
+    groups[-1].forward_ops.extend(op.id for op in forward if op.id > previous_end)
+    return groups
+
+
+def _cover(symbols: list[str], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Spans covering [lo, hi): the tandem repeat covering most blocks, then both sides."""
+    if lo >= hi:
+        return []
+    best: tuple[int, int, int, int] | None = None  # (covered, -length, start, repeats)
+    for length in range(1, (hi - lo) // 2 + 1):
+        for start in range(lo, hi - 2 * length + 1):
+            unit = symbols[start : start + length]
+            repeats = 1
+            while (
+                start + (repeats + 1) * length <= hi
+                and symbols[start + repeats * length : start + (repeats + 1) * length] == unit
+            ):
+                repeats += 1
+            if repeats >= 2:
+                key = (repeats * length, -length, -start, repeats)
+                if best is None or key > best:
+                    best = key
+    if best is None:
+        return [(lo, hi)]
+    covered, negative_length, negative_start, repeats = best
+    length, start = -negative_length, -negative_start
+    middle = [(start + k * length, start + (k + 1) * length) for k in range(repeats)]
+    return _cover(symbols, lo, start) + middle + _cover(symbols, start + covered, hi)
+
+
+# -- backward and optimizer ops -------------------------------------------------------------
+
+
+def _assign_backward(graph: Graph, groups: list[_Group], segment_of_op: list[int | None]) -> None:
+    by_label: dict[str, set[int]] = defaultdict(set)
+    for index, group in enumerate(groups):
+        for op_id in group.forward_ops:
+            by_label[graph.ops[op_id].scope].add(index)
+    current = len(groups) - 1
+    for op in graph.ops:
+        if op.role is not Role.BACKWARD:
+            continue
+        if op.forward_op is not None and segment_of_op[op.forward_op] is not None:
+            segment = segment_of_op[op.forward_op]
+        elif len(by_label.get(op.scope, ())) == 1:
+            segment = next(iter(by_label[op.scope]))
+        else:
+            segment = current
+        segment_of_op[op.id] = segment
+        current = segment if segment is not None else current
+
+
+def _assign_optimizer(graph: Graph, segment_of_op: list[int | None]) -> None:
+    """Each parameter's update goes with the segment that first reads the parameter."""
+    owner_of_suffix: dict[tuple[str, tuple[int, ...]], int] = {}
+    for value in graph.inputs_of_kind(ValueKind.PARAMETER):
+        readers = [u for u in graph.users(value.id) if graph.ops[u].role is Role.FORWARD]
+        if readers and segment_of_op[readers[0]] is not None:
+            owner = segment_of_op[readers[0]]
+            assert owner is not None
+            owner_of_suffix[(_path_suffix(value.path), value.type.shape)] = owner
+    pending: list[tuple[int, int]] = []
+    for vid, path in zip(graph.outputs, graph.output_paths, strict=False):
+        shape = graph.values[vid].type.shape
+        owner = _owner_by_suffix(path, shape, owner_of_suffix)
+        if owner is not None:
+            pending.append((vid, owner))
+    while pending:
+        vid, owner = pending.pop()
+        producer = graph.producer(vid)
+        if producer is None or producer.role is not Role.OPTIMIZER:
+            continue
+        if segment_of_op[producer.id] is not None:
+            continue
+        segment_of_op[producer.id] = owner
+        pending.extend((v, owner) for v in producer.inputs)
+    for op in graph.ops:  # step counters, bias corrections: shared scalars
+        if op.role is Role.OPTIMIZER and segment_of_op[op.id] is None:
+            segment_of_op[op.id] = 0
+
+
+def _path_suffix(path: str) -> str:
+    match = re.search(r"[\[.]", path)
+    return path[match.start() :] if match else ""
+
+
+def _owner_by_suffix(
+    path: str, shape: tuple[int, ...], owners: dict[tuple[str, tuple[int, ...]], int]
+) -> int | None:
+    for index, char in enumerate(path):
+        if char in "[." and (path[index:], shape) in owners:
+            return owners[(path[index:], shape)]
+    return None
+
+
+# -- fingerprints ---------------------------------------------------------------------------
+
+
+def _block_signature(graph: Graph, block: ParallelBlock) -> str:
+    dots = [graph.ops[o] for o in block.forward_ops if graph.ops[o].primitive == "dot_general"]
+    members = set(block.forward_ops)
+    index = {op.id: k for k, op in enumerate(dots)}
+    parts: list[object] = [block.role_sizes]
+    for k, op in enumerate(dots):
+        layout = block.layout_of(op.outputs[0])
+        parts.append(
+            (
+                k,
+                tuple(t.shape for t in op.input_types),
+                op.param("dimension_numbers"),
+                layout.dims if layout else (),
+            )
+        )
+        for position, vid in enumerate(op.inputs):
+            feeders = _feeding_dots(graph, vid, members, index)
+            parts.append(("edge", k, position, feeders))
+    kinds = Counter(
+        graph.ops[o].primitive
+        for o in block.forward_ops
+        if graph.ops[o].primitive not in TRIVIAL and graph.ops[o].primitive != "dot_general"
+    )
+    parts.append(sorted(kinds.items()))
+    return _digest(parts)
+
+
+def _feeding_dots(
+    graph: Graph, vid: int, members: set[int], index: dict[int, int]
+) -> tuple[int, ...]:
+    """Indices of the block's dots that `vid` depends on through non-dot block ops."""
+    found: set[int] = set()
+    stack, seen = [vid], set()
+    while stack:
+        value = stack.pop()
+        producer = graph.values[value].producer
+        if producer is None or producer in seen or producer not in members:
+            continue
+        seen.add(producer)
+        if producer in index:
+            found.add(index[producer])
+            continue
+        stack.extend(graph.ops[producer].inputs)
+    return tuple(sorted(found))
+
+
+def _fingerprint(
+    graph: Graph, analysis: BlockAnalysis, group: _Group, segment_of_op: list[int], index: int
+) -> str:
+    blocks = [analysis.blocks[b] for b in group.blocks]
+    parts: list[object] = [_block_signature(graph, b) for b in blocks]
+    first = {b.index: k for k, b in enumerate(blocks)}
+    for k, block in enumerate(blocks):
+        head = graph.ops[block.head]
+        for position, vid in enumerate(head.inputs):
+            parts.append(("feeds", k, position, _feeding_block(graph, analysis, vid, first)))
+    kinds = Counter(
+        (graph.ops[o].primitive, graph.ops[o].output_types[0].rank)
+        for o in group.forward_ops
+        if analysis.block_of_op[o] is None and graph.ops[o].primitive not in TRIVIAL
+    )
+    parts.append(sorted(kinds.items()))
+    parts.append(
+        sorted(
+            (graph.ops[o].primitive, tuple(t.shape for t in graph.ops[o].input_types))
+            for o in group.forward_ops
+            if analysis.block_of_op[o] is None
+            and graph.ops[o].primitive in ("gather", "scatter-add", "dot_general")
+        )
+    )
+    return _digest(parts)
+
+
+def _feeding_block(
+    graph: Graph, analysis: BlockAnalysis, vid: int, local: dict[int, int]
+) -> object:
+    """Which block of this segment a head operand comes from (through unblocked ops)."""
+    stack, seen = [vid], set()
+    while stack:
+        value = stack.pop()
+        producer = graph.values[value].producer
+        if producer is None or producer in seen:
+            continue
+        seen.add(producer)
+        block = analysis.block_of_op[producer]
+        if block is not None:
+            return local.get(block, "outside")
+        if len(seen) > 64:
+            break
+        stack.extend(graph.ops[producer].inputs)
+    return "outside"  # an earlier segment or a step input: the same to this segment
+
+
+def _digest(parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _generic_label(label: str) -> str:
+    return re.sub(r"_?\d+$", "", label) or "segment"
+
+
+def _boundaries(graph: Graph, segment_of_op: list[int], count: int) -> tuple[Boundary, ...]:
+    forward: dict[int, set[int]] = defaultdict(set)
+    backward: dict[int, set[int]] = defaultdict(set)
+    for op in graph.ops:
+        reader = segment_of_op[op.id]
+        for vid in op.inputs:
+            producer = graph.values[vid].producer
+            if producer is None:
+                continue
+            source = segment_of_op[producer]
+            kind = graph.ops[producer].role
+            if source == reader - 1 and op.role is Role.FORWARD and kind is Role.FORWARD:
+                forward[source].add(vid)
+            if source == reader + 1 and op.role is Role.BACKWARD and kind is Role.BACKWARD:
+                backward[reader].add(vid)
+    return tuple(
+        Boundary(i, tuple(sorted(forward[i])), tuple(sorted(backward[i]))) for i in range(count - 1)
+    )
+
+
+# -- program count --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramCount:
+    """The paper's Eq. 7: programs to profile, which does not grow with depth."""
+
+    segment_programs: int
+    reshard_programs: int
+    per_type: tuple[tuple[int, int], ...]  # (unique type id, configurations)
+    per_pair: tuple[tuple[int, int, int], ...]  # (type before, type after, strategy pairs)
+
+    @property
+    def total(self) -> int:
+        return self.segment_programs + self.reshard_programs
+
+    def formula(self) -> str:
+        seg = " + ".join(str(n) for _, n in self.per_type)
+        pairs = " + ".join(str(n) for *_, n in self.per_pair) or "0"
+        return f"({seg}) + ({pairs}) = {self.total}"
+
+
+def program_count(segmentation: Segmentation, analysis: BlockAnalysis) -> ProgramCount:
+    blocks = analysis.blocks
+    first_instance: dict[int, SegmentInstance] = {}
+    for instance in segmentation.instances:
+        first_instance.setdefault(instance.unique_id, instance)
+    per_type = tuple(
+        (t, math.prod(len(blocks[b].strategies) for b in inst.blocks))
+        for t, inst in sorted(first_instance.items())
+    )
+
+    def edge_strategies(instance: SegmentInstance, last: bool) -> int:
+        if not instance.blocks:
+            return 1
+        return len(blocks[instance.blocks[-1 if last else 0]].strategies)
+
+    pairs: dict[tuple[int, int], int] = {}
+    for before, after in zip(segmentation.instances, segmentation.instances[1:], strict=False):
+        key = (before.unique_id, after.unique_id)
+        pairs[key] = edge_strategies(before, True) * edge_strategies(after, False)
+    per_pair = tuple((a, b, n) for (a, b), n in sorted(pairs.items()))
+    return ProgramCount(
+        segment_programs=sum(n for _, n in per_type),
+        reshard_programs=sum(n for *_, n in per_pair),
+        per_type=per_type,
+        per_pair=per_pair,
+    )
+
+
+# -- profiling budget -----------------------------------------------------------------------
+
+DEFAULT_PROFILING_BUDGET = 256
+
+
+def check_profiling_budget(
+    segmentation: Segmentation, analysis: BlockAnalysis, budget: int = DEFAULT_PROFILING_BUDGET
+) -> None:
+    """Refuse to plan thousands of programs silently: name the segment and its count."""
+    count = program_count(segmentation, analysis)
+    for type_id, configurations in count.per_type:
+        if configurations > budget:
+            unique = segmentation.unique[type_id]
+            instance = next(i for i in segmentation.instances if i.unique_id == type_id)
+            sizes = " x ".join(str(len(analysis.blocks[b].strategies)) for b in instance.blocks)
+            raise ProfilingBudgetError(
+                f"segment type {type_id} ({unique.label!r}, {unique.block_count} blocks, first "
+                f"instance {instance.label!r}) has {configurations} configurations ({sizes}), "
+                f"over the profiling budget of {budget}. Profile a pruned sub-space instead "
+                f"(prune=True: {len(pruned_configs(instance, analysis))} configurations, each "
+                "adjacent pair of blocks varied with the others at their best strategy), or "
+                "raise the budget."
+            )
+
+
+def pruned_configs(
+    instance: SegmentInstance, analysis: BlockAnalysis, best: tuple[int, ...] | None = None
+) -> tuple[tuple[int, ...], ...]:
+    """Configurations varying each adjacent pair of blocks, the rest fixed at `best`.
+
+    With `best` from a previous round of profiling this is one sweep of the paper's pairwise
+    pruning; the default starts every block at its first strategy.
+    """
+    sizes = [len(analysis.blocks[b].strategies) for b in instance.blocks]
+    base = best if best is not None else tuple(0 for _ in sizes)
+    found: dict[tuple[int, ...], None] = {base: None}
+    if len(sizes) == 1:
+        for choice in range(sizes[0]):
+            found[(choice,)] = None
+    for i in range(len(sizes) - 1):
+        for a in range(sizes[i]):
+            for b in range(sizes[i + 1]):
+                config = list(base)
+                config[i], config[i + 1] = a, b
+                found[tuple(config)] = None
+    return tuple(found)
