@@ -134,11 +134,11 @@ def _scope_groups(
             head_run[op_id] = index
     for block in analysis.blocks:
         runs[head_run[block.head]].blocks.append(block.index)
-    # Block-free runs before the first block form one prefix (the embedding); later ones
-    # join the run before them.
+    # Consecutive block-free runs form one segment of their own (the embedding before the
+    # layers, a loss after them): a segment needs no block, it then has one configuration.
     merged: list[_Group] = []
     for run in runs:
-        if merged and not run.blocks:
+        if merged and not run.blocks and not merged[-1].blocks:
             merged[-1].forward_ops.extend(run.forward_ops)
         else:
             merged.append(run)
@@ -160,7 +160,11 @@ def _repeat_groups(graph: Graph, analysis: BlockAnalysis, forward: list[OpNode])
         ops = [op.id for op in forward if previous_end < op.id <= last]
         groups.append(_Group(f"blocks_{start}", ops, list(range(start, end))))
         previous_end = last
-    groups[-1].forward_ops.extend(op.id for op in forward if op.id > previous_end)
+    tail = [op.id for op in forward if op.id > previous_end]
+    if any(graph.ops[o].primitive not in TRIVIAL for o in tail):
+        groups.append(_Group("tail", tail, []))  # the loss: a segment of its own
+    else:
+        groups[-1].forward_ops.extend(tail)
     return groups
 
 

@@ -1,0 +1,224 @@
+"""Segments: unique types independent of depth, full coverage, fingerprints, boundaries."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from helpers import traced
+
+import explorer as ex
+from explorer.blocks import build_blocks
+from explorer.errors import ProfilingBudgetError
+from explorer.ir import BlockAnalysis, Config, Graph, Segmentation
+from explorer.mesh import make_mesh, mesh_spec
+from explorer.profile.hlo import parse_collectives
+from explorer.realize import reshard_program, segment_program
+from explorer.segments import (
+    build_segments,
+    check_profiling_budget,
+    program_count,
+    pruned_configs,
+)
+from explorer.space import build_space, produced_layout, shardings, wanted_layout
+
+
+@cache
+def _segmented(
+    name: str, layers: int, mesh: tuple[int, ...] = (4,), **changes: Any
+) -> tuple[Graph, BlockAnalysis, Segmentation]:
+    fn, config_cls = ex.models.MODELS[name]
+    step, args = fn(config_cls.tiny().replace(num_layers=layers, **changes), abstract=True)
+    graph = ex.trace(step, *args)
+    spec = mesh_spec(mesh)
+    analysis = build_space(build_blocks(graph, spec.size), spec)
+    return graph, analysis, build_segments(graph, analysis)
+
+
+@pytest.mark.parametrize("name", ["gpt", "bert", "llama"])
+def test_unique_segments_and_program_count_do_not_grow_with_depth(name: str) -> None:
+    seen = set()
+    for layers in (2, 4, 8, 16, 48):
+        _graph, analysis, segmentation = _segmented(name, layers)
+        labels = [u.label for u in segmentation.unique]
+        assert labels.count("layer") <= 2
+        assert {"embed", "head"} <= set(labels)
+        assert len(segmentation.instances) == layers + 2
+        count = program_count(segmentation, analysis)
+        seen.add((len(segmentation.unique), count.total))
+        assert segmentation.reuse_found
+    assert len(seen) == 1, seen
+    print(f"\n[{name}] {segmentation.summary()}\nprograms: {count.formula()}")
+
+
+def test_gpt_program_count_on_a_mesh_of_four() -> None:
+    _, analysis, segmentation = _segmented("gpt", 8)
+    count = program_count(segmentation, analysis)
+    # embed (no block: 1) + layer (3^4 = 81) + head (3); pairs embed->layer 1x3,
+    # layer->layer 3x3, layer->head 3x3. The paper reports 2*81 + 2*9 = 180 for its GPT.
+    assert count.per_type == ((0, 1), (1, 81), (2, 3))
+    assert count.segment_programs == 85 and count.reshard_programs == 21
+    assert count.total == 106
+
+
+def test_moe_dense_and_moe_layers_are_distinct_types() -> None:
+    _graph, _, segmentation = _segmented("moe", 4)
+    layer_types = {i.unique_id for i in segmentation.instances if i.label.startswith("layer_")}
+    assert len(layer_types) == 2
+    dense = {segmentation.instances[i].unique_id for i in (1, 3)}  # layer_0, layer_2
+    sparse = {segmentation.instances[i].unique_id for i in (2, 4)}  # layer_1, layer_3
+    assert len(dense) == 1 and len(sparse) == 1 and dense != sparse
+
+
+def test_every_op_is_in_exactly_one_segment_and_flops_add_up() -> None:
+    step, args, graph = traced("gpt", 2)
+    spec = mesh_spec((1,))
+    analysis = build_space(build_blocks(graph, 1), spec)
+    segmentation = build_segments(graph, analysis)
+    ops = sorted(o for i in segmentation.instances for o in i.ops)
+    assert ops == list(range(len(graph.ops)))
+    assignment = shardings(graph, analysis.blocks, Config((0,) * len(analysis.blocks)), spec)
+    mesh = make_mesh(spec)
+
+    def flops(compiled: Any) -> float:
+        cost = compiled.cost_analysis()
+        return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+    whole = flops(jax.jit(step).lower(*args).compile())
+    parts = sum(
+        flops(segment_program(graph, i.ops, assignment, mesh).lower().compile())
+        for i in segmentation.instances
+    )
+    print(f"\nwhole-step flops {whole:.4g}, sum of segment programs {parts:.4g}")
+    assert abs(parts - whole) <= 0.02 * whole
+
+
+def test_hidden_size_changes_the_fingerprint() -> None:
+    small = _segmented("gpt", 2)[2]
+    wide = _segmented("gpt", 2, hidden=128, ffn=512)[2]
+    layer = lambda s: s.unique[s.instances[1].unique_id].fingerprint  # noqa: E731
+    assert layer(small) != layer(wide)
+
+
+def _layer_step(extra_in_layer: int | None) -> Any:
+    opt = optax.sgd(0.1)
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        for i, layer in enumerate(params):
+            with jax.named_scope(f"layer_{i}"):
+                h = jax.nn.relu(x @ layer["w_in"])
+                y = h @ layer["w_out"]
+                if i == extra_in_layer:
+                    y = y * 1.5  # an extra elementwise op on the residual path
+                x = x + y
+        with jax.named_scope("head"):  # the loss is its own segment, as in the model zoo
+            return jnp.mean(x**2)
+
+    def step(params: Any, opt_state: Any, x: jax.Array) -> Any:
+        value, grads = jax.value_and_grad(loss)(params, x)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return value, optax.apply_updates(params, updates), opt_state
+
+    params = [{"w_in": jnp.ones((16, 32)), "w_out": jnp.ones((32, 16))} for _ in range(3)]
+    return step, (params, opt.init(params), jnp.ones((8, 16)))
+
+
+def test_an_extra_elementwise_op_keeps_the_fingerprint() -> None:
+    for extra in (None, 1):
+        step, args = _layer_step(extra)
+        graph = ex.trace(step, *args)
+        segmentation = build_segments(graph, build_blocks(graph, 4))
+        labels = [i.label for i in segmentation.instances]
+        assert labels == ["layer_0", "layer_1", "layer_2", "head"]
+        assert len({i.unique_id for i in segmentation.instances[:3]}) == 1, labels
+
+
+def _no_repeat_step(params: Any, opt_state: Any, x: jax.Array) -> Any:
+    opt = optax.sgd(0.1)
+
+    def loss(p: Any) -> jax.Array:
+        h = x
+        for w in p:  # widths 16 -> 32 -> 8 -> 24: nothing repeats
+            h = jnp.tanh(h @ w)
+        return jnp.mean(h**2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = opt.update(grads, opt_state, params)
+    return value, optax.apply_updates(params, updates), opt_state
+
+
+def test_no_repeated_structure_makes_every_sequence_its_own_segment() -> None:
+    params = [jnp.ones((16, 32)), jnp.ones((32, 8)), jnp.ones((8, 24))]
+    graph = ex.trace(_no_repeat_step, params, optax.sgd(0.1).init(params), jnp.ones((4, 16)))
+    analysis = build_blocks(graph, 4)
+    segmentation = build_segments(graph, analysis)
+    assert segmentation.method == "repeats"
+    assert not segmentation.reuse_found
+    assert any("no reuse found" in note for note in segmentation.notes)
+    covered = sorted(b for i in segmentation.instances for b in i.blocks)
+    assert covered == list(range(len(analysis.blocks)))
+
+
+def test_tandem_repeats_are_found_without_scopes() -> None:
+    step, args = _layer_step(None)
+    graph = ex.trace(step, *args)
+    # the same graph with every scope erased, as a user step without named scopes would be
+    stripped = type(graph)(
+        ops=tuple(
+            type(op)(**{**{f: getattr(op, f) for f in op.__slots__}, "scope": ""})
+            for op in graph.ops
+        ),
+        values=graph.values,
+        inputs=graph.inputs,
+        outputs=graph.outputs,
+        output_paths=graph.output_paths,
+        program=graph.program,
+    )
+    segmentation = build_segments(stripped, build_blocks(stripped, 4))
+    assert segmentation.method == "repeats"
+    assert [len(i.blocks) for i in segmentation.instances] == [2, 2, 2, 0]  # 3 layers, loss
+    assert len({i.unique_id for i in segmentation.instances[:3]}) == 1
+
+
+def test_sub_space_over_budget_is_refused_with_the_count_and_the_pruned_option() -> None:
+    _, analysis, segmentation = _segmented("moe", 2)
+    with pytest.raises(ProfilingBudgetError) as info:
+        check_profiling_budget(segmentation, analysis)
+    message = str(info.value)
+    assert "6912 configurations" in message and "budget of 256" in message
+    assert "prune=True" in message
+    moe_layer = segmentation.instances[2]
+    pruned = pruned_configs(moe_layer, analysis)
+    assert 1 < len(pruned) < 256
+    check_profiling_budget(segmentation, analysis, budget=10_000)  # raising it is allowed
+
+
+def test_layer_boundaries_carry_the_activation_and_its_cotangent() -> None:
+    graph, _, segmentation = _segmented("gpt", 4)
+    for boundary in segmentation.boundaries[1:-1]:  # between two layers
+        forward_shapes = {graph.values[v].type.shape for v in boundary.forward}
+        backward_shapes = {graph.values[v].type.shape for v in boundary.backward}
+        assert (8, 32, 64) in forward_shapes and (8, 32, 64) in backward_shapes
+
+
+def test_resharding_between_layers_costs_only_when_layouts_differ() -> None:
+    graph, analysis, segmentation = _segmented("gpt", 2)
+    spec = mesh_spec((4,))
+    mesh = make_mesh(spec)
+    boundary = segmentation.boundaries[1]  # layer_0 -> layer_1
+    last = analysis.blocks[segmentation.instances[1].blocks[-1]]
+    first = analysis.blocks[segmentation.instances[2].blocks[0]]
+    activation = next(v for v in boundary.forward if graph.values[v].type.shape == (8, 32, 64))
+    by_name = {s.name: s for s in last.strategies}
+    for before, after, expect_comm in (("M@x", "M@x", False), ("M@x", "N@x", True)):
+        move = (
+            activation,
+            produced_layout(graph, last, by_name[before], activation),
+            wanted_layout(graph, first, {s.name: s for s in first.strategies}[after], activation),
+        )
+        hlo = reshard_program(graph, (move,), mesh).lower().compile().as_text()
+        assert bool(parse_collectives(hlo, spec)) is expect_comm, (before, after)
