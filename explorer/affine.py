@@ -116,11 +116,15 @@ class AffineMap:
         )
 
     def evaluate(self, index: Sequence[int]) -> list[tuple[int, ...]]:
-        """Every operand index the result element at `index` reads (brute force, for tests)."""
+        """Every operand index the result element at `index` may read (brute force, for tests).
+
+        An opaque dim contributes its whole range: a superset, never a miss.
+        """
         per_dim: list[list[int]] = []
-        for expr in self.exprs:
+        for expr, size in zip(self.exprs, self.operand_shape, strict=True):
             if expr.opaque:
-                raise ValueError("an opaque dependency cannot be evaluated")
+                per_dim.append(list(range(size)))
+                continue
             values = [0]
             for digit in expr.digits:
                 options = (

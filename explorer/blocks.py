@@ -78,7 +78,7 @@ class _Draft:
 
     def freeze(self, graph: Graph) -> ParallelBlock:
         def layout(value: int, dims: Layout) -> ValueLayout:
-            return ValueLayout(value, tuple(sorted(dims.items(), key=lambda kv: kv[0].value)))
+            return ValueLayout(value, tuple((r, dims[r]) for r in DimRole if r in dims))
 
         return ParallelBlock(
             index=self.index,

@@ -49,7 +49,7 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"analysis took {time.perf_counter() - start:.2f} s")
     print(
         "note: profiling, cost composition and the solver are later stages of the pipeline; "
-        "this build stops after the configuration space."
+        "this build stops after segmentation."
     )
     return 0
 

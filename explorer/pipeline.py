@@ -1,6 +1,6 @@
 """analyze(): the one place that chains the stages.
 
-trace -> blocks -> space (-> segments -> profile -> cost -> solve, as those stages land).
+trace -> blocks -> space -> segments (-> profile -> cost -> solve, as those stages land).
 Each stage receives the previous artefact as an argument; this module only sequences them and
 keeps what each produced, so nothing computed is lost when a later stage fails.
 """
@@ -13,8 +13,9 @@ from typing import Any
 
 from explorer.blocks import build_blocks
 from explorer.errors import AnalysisError
-from explorer.ir import BlockAnalysis, Graph, ParallelBlock
+from explorer.ir import BlockAnalysis, Graph, ParallelBlock, Segmentation
 from explorer.mesh import MeshSpec, mesh_spec
+from explorer.segments import ProgramCount, build_segments, program_count
 from explorer.space import build_space, config_count
 from explorer.trace import trace
 
@@ -25,6 +26,7 @@ class Analysis:
 
     graph: Graph
     block_analysis: BlockAnalysis
+    segments: Segmentation
     mesh: MeshSpec
     step: Callable[..., Any]
     args: tuple[Any, ...]
@@ -32,6 +34,15 @@ class Analysis:
     @property
     def blocks(self) -> tuple[ParallelBlock, ...]:
         return self.block_analysis.blocks
+
+    @property
+    def program_counts(self) -> ProgramCount:
+        return program_count(self.segments, self.block_analysis)
+
+    @property
+    def program_count(self) -> int:
+        """Programs to profile: the paper's Eq. 7 (independent of depth)."""
+        return self.program_counts.total
 
     @property
     def config_count(self) -> int:
@@ -42,14 +53,16 @@ class Analysis:
     def profiles(self) -> Any:
         raise AnalysisError(
             "this analysis has no profiles: the profiler stage is not part of this build yet "
-            "(analyze(..., profile=False) stops after the configuration space)"
+            "(analyze(..., profile=False) stops after segmentation)"
         )
 
     def summary(self) -> str:
         return (
             f"{self.graph.summary()}\nmesh {self.mesh}\n"
             f"{self.block_analysis.summary(self.graph)}\n"
-            f"whole-step configurations: {self.config_count:.3g}"
+            f"{self.segments.summary()}\n"
+            f"whole-step configurations: {self.config_count:.3g}; programs to profile "
+            f"(Eq. 7): {self.program_counts.formula()}"
         )
 
 
@@ -61,14 +74,15 @@ def analyze(
     arg_roles: Sequence[str] | None = None,
     profile: bool = False,
 ) -> Analysis:
-    """Trace `step(*args)`, build its ParallelBlocks and their strategies on `mesh`."""
+    """Trace `step(*args)`, build ParallelBlocks, their strategies on `mesh`, and segments."""
     spec = mesh_spec(mesh)
     graph = trace(step, *args, arg_roles=arg_roles)
     blocks = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
-    analysis = Analysis(graph, blocks, spec, step, tuple(args))
+    segments = build_segments(graph, blocks)
+    analysis = Analysis(graph, blocks, segments, spec, step, tuple(args))
     if profile:
         raise AnalysisError(
             "profile=True: profiling segment configurations is not implemented in this build; "
-            "use analyze(..., profile=False) for graph, blocks and strategies"
+            "use analyze(..., profile=False) for graph, blocks, strategies and segments"
         )
     return analysis
