@@ -29,6 +29,7 @@ from explorer.ir import (
     Graph,
     ParallelBlock,
     Role,
+    Segmentation,
     ShardingAssignment,
     Strategy,
     ValueKind,
@@ -287,3 +288,75 @@ def produced_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, valu
         if graph.values[layout.value].type.shape == shape:
             return _dim_axes(graph, ValueLayout(value, layout.dims), strategy)
     return ((),) * len(shape)
+
+
+def segment_input_layouts(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    segmentation: Segmentation,
+    index: int,
+    choices: tuple[int, ...],
+) -> dict[int, DimAxes]:
+    """Boundary layouts of instance `index` under `choices` (one per block of the instance).
+
+    The forward activation arrives as the instance's first block wants it; the cotangent of
+    its output arrives as its last block produced the output. Moving between those and the
+    neighbours' layouts is the resharding programs' job, priced separately (T_R).
+    """
+    instance = segmentation.instances[index]
+    if len(choices) != len(instance.blocks):
+        raise AnalysisError(
+            f"segment {instance.label!r}: expected {len(instance.blocks)} strategy choices "
+            f"(one per block), found {len(choices)}"
+        )
+    if not instance.blocks:
+        return {}
+    first, last = blocks[instance.blocks[0]], blocks[instance.blocks[-1]]
+    first_strategy = first.strategies[choices[0]]
+    last_strategy = last.strategies[choices[-1]]
+    layouts: dict[int, DimAxes] = {}
+    if index > 0:
+        for vid in segmentation.boundaries[index - 1].forward:
+            layouts[vid] = wanted_layout(graph, first, first_strategy, vid)
+    if index < len(segmentation.boundaries):
+        for vid in segmentation.boundaries[index].backward:
+            layouts[vid] = produced_layout(graph, last, last_strategy, vid)
+    return layouts
+
+
+def boundary_moves(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    segmentation: Segmentation,
+    boundary: int,
+    *,
+    last_choice: int,
+    first_choice: int,
+) -> tuple[tuple[int, DimAxes, DimAxes], ...]:
+    """What crosses boundary `boundary`, as (value, from layout, to layout), both directions.
+
+    Forward: the previous instance's last block produced the activation; the next instance's
+    first block wants it. Backward: the cotangent goes the opposite way.
+    """
+    crossing = segmentation.boundaries[boundary]
+    before = segmentation.instances[boundary]
+    after = segmentation.instances[boundary + 1]
+
+    def replicated_for(vid: int) -> DimAxes:
+        return ((),) * graph.values[vid].type.rank
+
+    def produced(vid: int) -> DimAxes:
+        if not before.blocks:
+            return replicated_for(vid)
+        block = blocks[before.blocks[-1]]
+        return produced_layout(graph, block, block.strategies[last_choice], vid)
+
+    def wanted(vid: int) -> DimAxes:
+        if not after.blocks:
+            return replicated_for(vid)
+        block = blocks[after.blocks[0]]
+        return wanted_layout(graph, block, block.strategies[first_choice], vid)
+
+    forward = tuple((v, produced(v), wanted(v)) for v in crossing.forward)
+    backward = tuple((v, wanted(v), produced(v)) for v in crossing.backward)
+    return forward + backward

@@ -24,7 +24,12 @@ from explorer.segments import (
     program_count,
     pruned_configs,
 )
-from explorer.space import build_space, produced_layout, shardings, wanted_layout
+from explorer.space import (
+    boundary_moves,
+    build_space,
+    segment_input_layouts,
+    shardings,
+)
 
 
 @cache
@@ -209,16 +214,41 @@ def test_resharding_between_layers_costs_only_when_layouts_differ() -> None:
     graph, analysis, segmentation = _segmented("gpt", 2)
     spec = mesh_spec((4,))
     mesh = make_mesh(spec)
-    boundary = segmentation.boundaries[1]  # layer_0 -> layer_1
-    last = analysis.blocks[segmentation.instances[1].blocks[-1]]
-    first = analysis.blocks[segmentation.instances[2].blocks[0]]
-    activation = next(v for v in boundary.forward if graph.values[v].type.shape == (8, 32, 64))
-    by_name = {s.name: s for s in last.strategies}
+    last = analysis.blocks[segmentation.instances[1].blocks[-1]]  # layer_0 MLP-out
+    first = analysis.blocks[segmentation.instances[2].blocks[0]]  # layer_1 QKV
+    index = lambda block, name: [s.name for s in block.strategies].index(name)  # noqa: E731
     for before, after, expect_comm in (("M@x", "M@x", False), ("M@x", "N@x", True)):
-        move = (
-            activation,
-            produced_layout(graph, last, by_name[before], activation),
-            wanted_layout(graph, first, {s.name: s for s in first.strategies}[after], activation),
+        moves = boundary_moves(
+            graph,
+            analysis.blocks,
+            segmentation,
+            1,
+            last_choice=index(last, before),
+            first_choice=index(first, after),
         )
-        hlo = reshard_program(graph, (move,), mesh).lower().compile().as_text()
+        producers = [graph.producer(v) for v, _, _ in moves]
+        # the activation and its cotangent
+        assert {p.role.value for p in producers if p is not None} == {"forward", "backward"}
+        hlo = reshard_program(graph, moves, mesh).lower().compile().as_text()
         assert bool(parse_collectives(hlo, spec)) is expect_comm, (before, after)
+
+
+def test_a_layer_segment_compiles_from_abstract_shapes_with_its_boundary_layouts() -> None:
+    graph, analysis, segmentation = _segmented("gpt", 2)
+    spec = mesh_spec((4,))
+    instance = segmentation.instances[1]
+    choices = (0, 0, 0, 0)  # every block batch-split
+    config = Config(tuple(0 for _ in analysis.blocks))
+    layouts = segment_input_layouts(graph, analysis.blocks, segmentation, 1, choices)
+    assert layouts and all(dims[0] == ("x",) for dims in layouts.values())
+    program = segment_program(
+        graph,
+        instance.ops,
+        shardings(graph, analysis.blocks, config, spec),
+        make_mesh(spec),
+        layouts,
+    )
+    assert all(isinstance(a, jax.ShapeDtypeStruct) for a in program.inputs)
+    collectives = parse_collectives(program.lower().compile().as_text(), spec)
+    # data parallel inside a layer: only its own weight gradients are all-reduced
+    assert collectives and all(c.is_backward for c in collectives if not c.is_scalar)
