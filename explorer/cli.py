@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from explorer import models
 from explorer.errors import ExplorerError
@@ -20,8 +21,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--layers", type=int, default=None, help="override num_layers")
     plan.add_argument("--mesh", default="4", help="mesh shape, e.g. 4 or 2x4")
     plan.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
+    plan.add_argument("--platform", default="a100-pcie-8", help="preset name or JSON file")
+    plan.add_argument("--backend", choices=["compiled", "measured"], default="compiled")
+    plan.add_argument("--cache", default="~/.cache/explorer/profiles.sqlite")
+    plan.add_argument("--no-cache", action="store_true", help="keep no profiles on disk")
+    plan.add_argument("--no-profile", action="store_true", help="stop after segmentation")
+    plan.add_argument("--prune", action="store_true", help="prune sub-spaces over budget")
+    calibrate = sub.add_parser("calibrate", help="measure collectives, write a platform file")
+    calibrate.add_argument("rest", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     try:
+        if args.command == "calibrate":
+            from explorer.platforms import calibrate_main
+
+            return calibrate_main(args.rest)
         return _plan(args)
     except ExplorerError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -41,17 +54,45 @@ def _plan(args: argparse.Namespace) -> int:
     config = preset()
     if args.layers is not None:
         config = config.replace(num_layers=args.layers)
-    step, example = model_fn(config, abstract=True)
+    measured = args.backend == "measured"
+    step, example = model_fn(config, abstract=not measured)
     start = time.perf_counter()
-    analysis = analyze(step, *example, mesh=args.mesh, free_axes=args.free_axes)
+    analysis = analyze(
+        step,
+        *example,
+        mesh=args.mesh,
+        free_axes=args.free_axes,
+        platform=args.platform,
+        backend=args.backend,
+        cache=None if args.no_cache else args.cache,
+        profile=not args.no_profile,
+        prune=args.prune,
+    )
     print(f"{args.model} {args.preset}: {config}")
     print(analysis.summary())
+    if analysis.profile_table is not None:
+        _print_best(analysis.profile_table)
     print(f"analysis took {time.perf_counter() - start:.2f} s")
     print(
-        "note: profiling, cost composition and the solver are later stages of the pipeline; "
-        "this build stops after segmentation."
+        "note: cost composition and the memory-budgeted solver are the next stages of the "
+        "pipeline; this build stops after profiling."
     )
     return 0
+
+
+def _print_best(table: Any) -> None:
+    """The fastest profiled configuration of each unique segment and boundary."""
+    ok = table[table["status"] == "ok"]
+    print(
+        f"{'kind':8} {'segment':10} {'best configuration':32} {'comm ms':>9} {'comp ms':>9} "
+        f"{'memory MiB':>10}"
+    )
+    for (kind, label), rows in ok.groupby(["kind", "label"], sort=False):
+        best = rows.loc[rows["t_total"].idxmin()]
+        print(
+            f"{kind:8} {label:10} {best['config']:32} {1e3 * best['t_comm']:9.3f} "
+            f"{1e3 * best['t_comp']:9.3f} {best['memory'] / 2**20:10.1f}"
+        )
 
 
 _PRESETS = {

@@ -1,0 +1,434 @@
+"""Persistent cache of profiling results, one SQLite row per profiled program.
+
+Profiling is the slow stage (every program is compiled, and with the `measured` backend run),
+so its results outlive the process: a re-run, an edited model that shares segments with the
+old one, or a run killed half-way reuses every program already priced. A row is keyed by
+everything that changes the program or its price (segment fingerprint, configuration, mesh,
+platform file hash, backend, JAX version, `extra`), stored as columns plus a sha256 digest
+that is the primary key.
+
+Each `put` is its own committed transaction, so a killed run loses at most the program it was
+profiling. The file is a cache, never the only copy of anything: a file that is not a
+database, is damaged, or has a schema this version does not know is moved aside with a
+`CacheWarning` and a fresh cache is built in its place, instead of failing the analysis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+from explorer.errors import ExplorerError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CacheError",
+    "CacheWarning",
+    "ProfileCache",
+    "ProfileRecord",
+    "ProgramKey",
+    "Status",
+    "default_cache_path",
+]
+
+# Bump when the table changes; add a step to `_MIGRATIONS` when old rows can be carried over.
+SCHEMA_VERSION = 2
+BUSY_TIMEOUT_S = 30.0
+# Stay under SQLite's host-parameter limit (999 in old builds) in `get_many`.
+_CHUNK = 500
+
+Status = Literal["ok", "infeasible"]
+_STATUSES: frozenset[str] = frozenset({"ok", "infeasible"})
+
+
+class CacheError(ExplorerError):
+    """The profile cache was misused (closed, or given an invalid record)."""
+
+
+class CacheWarning(UserWarning):
+    """The cache file could not be used as it was; it was moved aside and rebuilt."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramKey:
+    """Everything that changes a profiled program or its price."""
+
+    segment: str  # segment fingerprint, or "reshard:<fp_before>-><fp_after>"
+    config: str  # e.g. "M@x,N@x,K@x,M@x"
+    mesh: str  # e.g. "2x4(x,y)"
+    platform: str  # platform name plus a content hash of its file
+    backend: str  # "compiled" | "measured"
+    jax_version: str
+    extra: str = ""  # anything else that changes the program, e.g. a model hash
+
+    def digest(self) -> str:
+        """Stable sha256 hex of every field (field names included, so fields cannot alias)."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileRecord:
+    """The profiling result of one program."""
+
+    key: ProgramKey
+    status: Status
+    t_comm: float  # seconds
+    t_comp: float  # seconds
+    memory: int  # peak bytes per device
+    persistent_memory: int
+    transient_memory: int
+    collectives: str  # JSON text listing the collectives
+    reason: str  # why infeasible; "" if ok
+    seconds: float  # how long profiling this program took
+    created: float  # unix time
+    # The compiler's cost analysis, kept so a compiled profile can be re-priced on another
+    # platform without compiling again.
+    flops: float = 0.0
+    bytes_accessed: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.status not in _STATUSES:
+            raise CacheError(
+                f"a profile record's status must be one of {sorted(_STATUSES)}, found "
+                f"{self.status!r} for segment {self.key.segment!r} config {self.key.config!r}"
+            )
+
+
+_KEY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProgramKey))
+_VALUE_COLUMNS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(ProfileRecord) if f.name != "key"
+)
+COLUMNS: tuple[str, ...] = ("digest", *_KEY_COLUMNS, *_VALUE_COLUMNS)
+
+_CREATE = """
+CREATE TABLE IF NOT EXISTS profiles (
+    digest TEXT PRIMARY KEY NOT NULL,
+    segment TEXT NOT NULL,
+    config TEXT NOT NULL,
+    mesh TEXT NOT NULL,
+    platform TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    jax_version TEXT NOT NULL,
+    extra TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('ok', 'infeasible')),
+    t_comm REAL NOT NULL,
+    t_comp REAL NOT NULL,
+    memory INTEGER NOT NULL,
+    persistent_memory INTEGER NOT NULL,
+    transient_memory INTEGER NOT NULL,
+    collectives TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    seconds REAL NOT NULL,
+    created REAL NOT NULL,
+    flops REAL NOT NULL DEFAULT 0,
+    bytes_accessed REAL NOT NULL DEFAULT 0
+) WITHOUT ROWID
+"""
+_SELECT = f"SELECT {', '.join(COLUMNS)} FROM profiles"
+_INSERT = (
+    f"INSERT OR REPLACE INTO profiles ({', '.join(COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(COLUMNS))})"
+)
+
+
+# from_version -> step that upgrades a database in place to from_version + 1. Versions with no
+# path to SCHEMA_VERSION are rebuilt (moved aside) instead.
+def _add_cost_columns(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE profiles ADD COLUMN flops REAL NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE profiles ADD COLUMN bytes_accessed REAL NOT NULL DEFAULT 0")
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_cost_columns}
+
+
+def default_cache_path() -> Path:
+    """`$XDG_CACHE_HOME/explorer/profiles.sqlite`, by default under `~/.cache`."""
+    base = os.environ.get("XDG_CACHE_HOME") or ""
+    root = Path(base).expanduser() if base else Path.home() / ".cache"
+    return root / "explorer" / "profiles.sqlite"
+
+
+class _Unusable(Exception):
+    """Internal: the file on disk cannot serve as this cache; says what was found."""
+
+
+class ProfileCache:
+    """SQLite store of `ProfileRecord`s, safe across threads and processes.
+
+    `path=None` keeps the database in memory (nothing is persisted). Every `put` commits at
+    once. One connection serves all threads, behind a lock; other processes are kept apart
+    by SQLite's own file locking, waiting up to `BUSY_TIMEOUT_S` for a busy database.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self._path: Path | None = None if path is None else Path(path).expanduser()
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        if self._path is None:
+            self._conn = self._connect(":memory:")
+            self._prepare(self._conn)
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = self._open_file(self._path)
+
+    # -- opening ------------------------------------------------------------------------
+
+    @staticmethod
+    def _connect(target: str) -> sqlite3.Connection:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so a lone INSERT commits.
+        conn = sqlite3.connect(
+            target, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        return conn
+
+    def _open_file(self, path: Path) -> sqlite3.Connection:
+        # Later passes cover a file replaced under us by another process's rebuild.
+        for attempt in range(3):
+            inode = _inode(path)
+            conn = self._connect(str(path))
+            try:
+                # WAL: readers never block the writer; NORMAL sync is durable against process
+                # kills (only an OS crash can lose the last commits).
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                self._prepare(conn)
+                return conn
+            except sqlite3.OperationalError:
+                # Locked past the busy timeout, unreadable, disk full: not the file's content,
+                # so moving it aside would not help (and could discard a good cache).
+                conn.close()
+                raise
+            except (_Unusable, sqlite3.DatabaseError) as exc:
+                conn.close()
+                found = str(exc) if isinstance(exc, _Unusable) else f"SQLite error: {exc}"
+                self._move_aside(path, inode, found, last=attempt == 2)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _prepare(conn: sqlite3.Connection) -> None:
+        """Check the database and create or migrate the table, all in one write transaction.
+
+        IMMEDIATE takes the write lock up front, so two processes opening a fresh file do not
+        both decide to create (or migrate) it.
+        """
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
+            if problems != ["ok"]:
+                raise _Unusable(f"a damaged database (quick_check: {'; '.join(problems[:3])})")
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            tables = {
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%'"
+                )
+            }
+            if version == 0 and not tables:
+                conn.execute(_CREATE)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                steps = range(version, SCHEMA_VERSION)
+                if not 0 < version < SCHEMA_VERSION or not all(v in _MIGRATIONS for v in steps):
+                    raise _Unusable(
+                        f"schema version {version} with tables {sorted(tables)}, which this "
+                        f"version of explorer (schema {SCHEMA_VERSION}) cannot migrate"
+                    )
+                for v in steps:
+                    _MIGRATIONS[v](conn)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            columns = tuple(str(r[1]) for r in conn.execute("PRAGMA table_info(profiles)"))
+            if columns != COLUMNS:
+                raise _Unusable(
+                    f"a `profiles` table with columns {list(columns)}, expected {list(COLUMNS)}"
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _move_aside(path: Path, inode: int | None, found: str, *, last: bool) -> None:
+        if _inode(path) != inode:
+            return  # another process already rebuilt it; the next pass checks the new file
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:
+            return  # moved by another process just now, as above
+        # The WAL and shared-memory files belong to the old database; a stale WAL must not be
+        # replayed into the fresh one.
+        for suffix in ("-wal", "-shm"):
+            side = path.with_name(path.name + suffix)
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(side, target.with_name(target.name + suffix))
+        warnings.warn(
+            f"profile cache {path} could not be used: found {found}. Moved it to {target}; "
+            "building a fresh cache (programs will be profiled again)."
+            + (" Giving up after repeated failures." if last else ""),
+            CacheWarning,
+            stacklevel=4,
+        )
+        if last:
+            raise CacheError(f"could not build a usable profile cache at {path}: {found}")
+
+    # -- access -------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path | None:
+        """The database file, or None for an in-memory cache."""
+        return self._path
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise CacheError("the profile cache is closed; open a new ProfileCache")
+        return self._conn
+
+    def get(self, key: ProgramKey) -> ProfileRecord | None:
+        with self._lock:
+            row = self._db().execute(f"{_SELECT} WHERE digest = ?", (key.digest(),)).fetchone()
+        return None if row is None else _from_row(row)
+
+    def get_many(self, keys: Iterable[ProgramKey]) -> dict[ProgramKey, ProfileRecord]:
+        """The cached records among `keys` (missing keys are simply absent)."""
+        by_digest = {k.digest(): k for k in keys}
+        digests = list(by_digest)
+        out: dict[ProgramKey, ProfileRecord] = {}
+        with self._lock:
+            db = self._db()
+            for i in range(0, len(digests), _CHUNK):
+                chunk = digests[i : i + _CHUNK]
+                marks = ", ".join("?" * len(chunk))
+                for row in db.execute(f"{_SELECT} WHERE digest IN ({marks})", chunk):
+                    out[by_digest[row[0]]] = _from_row(row)
+        return out
+
+    def put(self, record: ProfileRecord) -> None:
+        """Store `record`, replacing any row with the same key, and commit at once."""
+        with self._lock:
+            # Autocommit mode: this one statement is its own committed transaction.
+            self._db().execute(_INSERT, _to_row(record))
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, ProgramKey):
+            return False
+        with self._lock:
+            sql = "SELECT 1 FROM profiles WHERE digest = ?"
+            return self._db().execute(sql, (key.digest(),)).fetchone() is not None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db().execute("SELECT COUNT(*) FROM profiles").fetchone()[0])
+
+    def __iter__(self) -> Iterator[ProfileRecord]:
+        return iter(self.records())
+
+    def records(self) -> list[ProfileRecord]:
+        """Every record, oldest first."""
+        with self._lock:
+            rows = self._db().execute(f"{_SELECT} ORDER BY created, digest").fetchall()
+        return [_from_row(r) for r in rows]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per record, columns `COLUMNS` (key fields flattened, `digest` first)."""
+        import pandas as pd
+
+        with self._lock:
+            rows = self._db().execute(f"{_SELECT} ORDER BY created, digest").fetchall()
+        return pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        where = "memory" if self._path is None else str(self._path)
+        state = "closed" if self._conn is None else "open"
+        return f"ProfileCache({where}, {state})"
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _to_row(record: ProfileRecord) -> tuple[Any, ...]:
+    key = record.key
+    return (
+        key.digest(),
+        *(getattr(key, c) for c in _KEY_COLUMNS),
+        *(getattr(record, c) for c in _VALUE_COLUMNS),
+    )
+
+
+def _from_row(row: Sequence[Any]) -> ProfileRecord:
+    # Column order is COLUMNS: digest, the key fields, then the record's fields.
+    n = len(_KEY_COLUMNS)
+    key = ProgramKey(*(str(v) for v in row[1 : 1 + n]))
+    (
+        status,
+        t_comm,
+        t_comp,
+        memory,
+        persistent,
+        transient,
+        collectives,
+        reason,
+        seconds,
+        created,
+        flops,
+        bytes_accessed,
+    ) = row[1 + n :]
+    return ProfileRecord(
+        key=key,
+        status="ok" if status == "ok" else "infeasible",
+        t_comm=float(t_comm),
+        t_comp=float(t_comp),
+        memory=int(memory),
+        persistent_memory=int(persistent),
+        transient_memory=int(transient),
+        collectives=str(collectives),
+        reason=str(reason),
+        seconds=float(seconds),
+        created=float(created),
+        flops=float(flops),
+        bytes_accessed=float(bytes_accessed),
+    )

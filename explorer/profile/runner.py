@@ -1,0 +1,474 @@
+"""The profiling runner: every configuration of every unique segment, and every boundary.
+
+Jobs are planned first (one per program: segment configurations of each unique segment type,
+then resharding pairs between consecutive types), then looked up in the cache. The rest are
+built and compiled on a pool of worker threads (XLA releases the GIL while compiling, so the
+cores are used in parallel without pickling programs across processes) and, for the
+`measured` backend, timed one at a time on the main thread as they arrive, overlapping
+measurement with the compilation of the next programs. Each result is committed to the cache
+before the next, so a killed run loses nothing already profiled. A program that fails to
+build, compile or run is recorded as infeasible with its reason and never stops the run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import pandas as pd
+
+from explorer.errors import ExplorerError, ProfilingBudgetError
+from explorer.ir import BlockAnalysis, Config, Graph, Role, Segmentation, SegmentInstance
+from explorer.mesh import MeshSpec, make_mesh
+from explorer.profile.backends import (
+    Backend,
+    ProgramProfile,
+    SlowerThanLimit,
+    compile_program,
+    measure,
+    price_compiled,
+)
+from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
+from explorer.profile.hlo import Collective, CollectiveKind
+from explorer.realize import StandaloneProgram, reshard_program, segment_program
+from explorer.segments import DEFAULT_PROFILING_BUDGET, pruned_configs
+from explorer.space import boundary_moves, segment_input_layouts, shardings
+
+# A measured program slower than this multiple of the best configuration so far is abandoned.
+DYNAMIC_LIMIT_FACTOR = 4.0
+
+COLUMNS = [
+    "kind", "segment", "label", "config", "choices", "t_comm", "t_comp", "t_total", "memory",
+    "persistent_memory", "transient_memory", "status", "reason", "collectives", "cached",
+    "seconds",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Job:
+    kind: str  # "segment" or "reshard"
+    segment: int | tuple[int, int]  # unique type id, or (type before, type after)
+    label: str
+    choices: tuple[int, ...]
+    config: str
+    key: ProgramKey
+    build: Callable[[], tuple[StandaloneProgram, int]]  # program and persistent bytes
+
+
+def profile_all(
+    graph: Graph,
+    analysis: BlockAnalysis,
+    segmentation: Segmentation,
+    mesh: MeshSpec,
+    *,
+    platform: Any,
+    backend: Backend | str = Backend.COMPILED,
+    cache: ProfileCache | None = None,
+    budget: int = DEFAULT_PROFILING_BUDGET,
+    prune: bool = False,
+    workers: int | None = None,
+    progress: bool = True,
+    only: Callable[[str, str, str], bool] | None = None,
+) -> pd.DataFrame:
+    """Profile every unique segment configuration and boundary; one row per program.
+
+    `only(kind, label, config)` restricts the run to the programs it accepts (a quick look at
+    one segment, or a test); by default everything is profiled.
+    """
+    backend = Backend(backend)
+    if backend is Backend.MEASURED and jax.device_count() != mesh.size:
+        raise ExplorerError(
+            f"measured profiling runs on real devices: mesh {mesh} has {mesh.size} devices but "
+            f"JAX sees {jax.device_count()} ({jax.default_backend()}). Use a mesh of "
+            f"{jax.device_count()} devices, or get more: on CPU set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={mesh.size} before importing JAX, or "
+            "join more processes with jax.distributed.initialize()."
+        )
+    cache = cache if cache is not None else ProfileCache(None)
+    jax_mesh = make_mesh(mesh)
+    context = _Context(graph, analysis, segmentation, mesh, jax_mesh, platform, backend)
+    rows: list[dict[str, Any]] = []
+    pruned_types = _over_budget(segmentation, analysis, budget, prune)
+    first_round = list(context.segment_jobs(pruned_types)) + list(context.reshard_jobs())
+    if only is not None:
+        first_round = [j for j in first_round if only(j.kind, j.label, j.config)]
+    rows += _run(first_round, context, cache, workers, progress)
+    for type_id in pruned_types:  # second sweep: pairs around the best of the first
+        best = _best_choices(rows, type_id)
+        if best is not None:
+            jobs = list(context.segment_jobs({type_id: best}, only=type_id))
+            seen = {(r["segment"], r["choices"]) for r in rows}
+            jobs = [j for j in jobs if (j.segment, j.choices) not in seen]
+            rows += _run(jobs, context, cache, workers, progress)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _over_budget(
+    segmentation: Segmentation, analysis: BlockAnalysis, budget: int, prune: bool
+) -> dict[int, tuple[int, ...] | None]:
+    over: dict[int, tuple[int, ...] | None] = {}
+    for unique in segmentation.unique:
+        instance = next(i for i in segmentation.instances if i.unique_id == unique.id)
+        count = math.prod(len(analysis.blocks[b].strategies) for b in instance.blocks)
+        if count <= budget:
+            continue
+        if not prune:
+            raise ProfilingBudgetError(
+                f"segment type {unique.id} ({unique.label!r}, first instance "
+                f"{instance.label!r}) has {count} configurations, over the profiling budget of "
+                f"{budget}. Pass prune=True to profile a pruned sub-space "
+                f"({len(pruned_configs(instance, analysis))} configurations per sweep: each "
+                "adjacent pair of blocks varied, the others at their best strategy), or raise "
+                "budget="
+            )
+        over[unique.id] = None
+    return over
+
+
+def _best_choices(rows: list[dict[str, Any]], type_id: int) -> tuple[int, ...] | None:
+    done = [
+        r
+        for r in rows
+        if r["kind"] == "segment" and r["segment"] == type_id and r["status"] == "ok"
+    ]
+    if not done:
+        return None
+    best: tuple[int, ...] = min(done, key=lambda r: r["t_total"])["choices"]
+    return best
+
+
+@dataclass
+class _Context:
+    """What every job of one profiling run shares."""
+
+    graph: Graph
+    analysis: BlockAnalysis
+    segmentation: Segmentation
+    mesh: MeshSpec
+    jax_mesh: Any
+    platform: Any
+    backend: Backend
+
+    def __post_init__(self) -> None:
+        self.platform_id = _platform_id(self.platform)
+        self.first: dict[int, SegmentInstance] = {}
+        for instance in self.segmentation.instances:
+            self.first.setdefault(instance.unique_id, instance)
+
+    def key(self, segment: str, config: str, extra: str) -> ProgramKey:
+        # What the compiler emits does not depend on the target platform: compiled profiles
+        # are cached platform-free and priced when read, so switching platforms is instant.
+        platform = "*" if self.backend is Backend.COMPILED else self.platform_id
+        return ProgramKey(
+            segment=segment,
+            config=config,
+            mesh=f"{'x'.join(map(str, self.mesh.shape))}({','.join(self.mesh.names)})",
+            platform=platform,
+            backend=self.backend.value,
+            jax_version=jax.__version__,
+            extra=extra,
+        )
+
+    def segment_jobs(
+        self, pruned: dict[int, tuple[int, ...] | None], only: int | None = None
+    ) -> Iterator[_Job]:
+        blocks = self.analysis.blocks
+        for unique in self.segmentation.unique:
+            if only is not None and unique.id != only:
+                continue
+            instance = self.first[unique.id]
+            if unique.id in pruned:
+                space = pruned_configs(instance, self.analysis, pruned[unique.id])
+            else:
+                space = tuple(
+                    itertools.product(*(range(len(blocks[b].strategies)) for b in instance.blocks))
+                )
+            program_hash = _ops_digest(self.graph, instance.ops)
+            for choices in space:
+                names = (
+                    ",".join(
+                        blocks[b].strategies[c].name
+                        for b, c in zip(instance.blocks, choices, strict=True)
+                    )
+                    or "-"
+                )
+                yield _Job(
+                    kind="segment",
+                    segment=unique.id,
+                    label=unique.label,
+                    choices=tuple(choices),
+                    config=names,
+                    key=self.key(unique.fingerprint, names, program_hash),
+                    build=self._segment_builder(instance.index, tuple(choices)),
+                )
+
+    def _segment_builder(
+        self, index: int, choices: tuple[int, ...]
+    ) -> Callable[[], tuple[StandaloneProgram, int]]:
+        def build() -> tuple[StandaloneProgram, int]:
+            instance = self.segmentation.instances[index]
+            full = [0] * len(self.analysis.blocks)
+            for block, choice in zip(instance.blocks, choices, strict=True):
+                full[block] = choice
+            assignment = shardings(self.graph, self.analysis.blocks, Config(tuple(full)), self.mesh)
+            layouts = segment_input_layouts(
+                self.graph, self.analysis.blocks, self.segmentation, index, choices
+            )
+            program = segment_program(self.graph, instance.ops, assignment, self.jax_mesh, layouts)
+            return program, _persistent_bytes(
+                self.graph, instance.ops, program, assignment, self.mesh
+            )
+
+        return build
+
+    def reshard_jobs(self) -> Iterator[_Job]:
+        blocks = self.analysis.blocks
+        seen: set[tuple[int, int]] = set()
+        instances = self.segmentation.instances
+        for boundary in range(len(instances) - 1):
+            before, after = instances[boundary], instances[boundary + 1]
+            pair = (before.unique_id, after.unique_id)
+            if pair in seen:
+                continue
+            seen.add(pair)
+            lasts = range(len(blocks[before.blocks[-1]].strategies)) if before.blocks else [0]
+            firsts = range(len(blocks[after.blocks[0]].strategies)) if after.blocks else [0]
+            fingerprints = (
+                self.segmentation.unique[pair[0]].fingerprint,
+                self.segmentation.unique[pair[1]].fingerprint,
+            )
+            for last, first in itertools.product(lasts, firsts):
+                name_last = (
+                    blocks[before.blocks[-1]].strategies[last].name if before.blocks else "-"
+                )
+                name_first = blocks[after.blocks[0]].strategies[first].name if after.blocks else "-"
+                config = f"{name_last}->{name_first}"
+                yield _Job(
+                    kind="reshard",
+                    segment=pair,
+                    label=f"{self.segmentation.unique[pair[0]].label}->{self.segmentation.unique[pair[1]].label}",
+                    choices=(last, first),
+                    config=config,
+                    key=self.key(f"reshard:{fingerprints[0]}->{fingerprints[1]}", config, ""),
+                    build=self._reshard_builder(boundary, last, first),
+                )
+
+    def _reshard_builder(
+        self, boundary: int, last: int, first: int
+    ) -> Callable[[], tuple[StandaloneProgram, int]]:
+        def build() -> tuple[StandaloneProgram, int]:
+            moves = boundary_moves(
+                self.graph,
+                self.analysis.blocks,
+                self.segmentation,
+                boundary,
+                last_choice=last,
+                first_choice=first,
+            )
+            return reshard_program(self.graph, moves, self.jax_mesh), 0
+
+        return build
+
+
+def _run(
+    jobs: list[_Job], context: _Context, cache: ProfileCache, workers: int | None, progress: bool
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    cached = cache.get_many([job.key for job in jobs])
+    todo = [job for job in jobs if job.key not in cached]
+    for job in jobs:
+        if job.key in cached:
+            rows.append(_row(job, cached[job.key], context, was_cached=True))
+    if not todo:
+        return rows
+    bar = _progress(len(todo), progress)
+    best: dict[Any, float] = {}
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        futures: list[tuple[_Job, Future[Any]]] = [
+            (job, pool.submit(_compile, job, context.backend)) for job in todo
+        ]
+        for job, future in futures:  # in submission order: measurement stays sequential
+            record = _finish(job, future, context, best)
+            cache.put(record)
+            rows.append(_row(job, record, context, was_cached=False))
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def _compile(job: _Job, backend: Backend) -> tuple[StandaloneProgram, int, Any, float]:
+    start = time.perf_counter()
+    program, persistent = job.build()
+    compiled = compile_program(program.lower(), backend)
+    return program, persistent, compiled, time.perf_counter() - start
+
+
+def _finish(
+    job: _Job, future: Future[Any], context: _Context, best: dict[Any, float]
+) -> ProfileRecord:
+    start = time.perf_counter()
+    try:
+        program, persistent, compiled, compile_seconds = future.result()
+        if context.backend is Backend.MEASURED:
+            limit = best.get(job.segment)
+            profile = measure(
+                compiled,
+                program.inputs,
+                context.platform,
+                context.mesh,
+                persistent,
+                time_limit=None if limit is None else DYNAMIC_LIMIT_FACTOR * limit,
+            )
+            total = profile.t_comm + profile.t_comp
+            best[job.segment] = min(best.get(job.segment, total), total)
+        else:
+            profile = price_compiled(compiled, context.platform, context.mesh, persistent)
+        return _record(job, profile, compile_seconds + time.perf_counter() - start)
+    except SlowerThanLimit as err:
+        return _infeasible(job, f"abandoned: {err}", time.perf_counter() - start)
+    except Exception as err:  # a failing program is a result, not a crash
+        reason = (
+            f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        )
+        return _infeasible(job, reason[:500], time.perf_counter() - start)
+
+
+def _record(job: _Job, profile: ProgramProfile, seconds: float) -> ProfileRecord:
+    return ProfileRecord(
+        key=job.key,
+        status="ok",
+        t_comm=profile.t_comm,
+        t_comp=profile.t_comp,
+        memory=profile.memory,
+        persistent_memory=profile.persistent_memory,
+        transient_memory=profile.transient_memory,
+        collectives=profile.collectives_json(),
+        reason="",
+        seconds=seconds,
+        created=time.time(),
+        flops=profile.flops,
+        bytes_accessed=profile.bytes_accessed,
+    )
+
+
+def _infeasible(job: _Job, reason: str, seconds: float) -> ProfileRecord:
+    return ProfileRecord(
+        key=job.key,
+        status="infeasible",
+        t_comm=math.inf,
+        t_comp=math.inf,
+        memory=0,
+        persistent_memory=0,
+        transient_memory=0,
+        collectives="[]",
+        reason=reason,
+        seconds=seconds,
+        created=time.time(),
+    )
+
+
+def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) -> dict[str, Any]:
+    t_comm, t_comp = record.t_comm, record.t_comp
+    if context.backend is Backend.COMPILED and record.status == "ok":
+        t_comm, t_comp = reprice(record, context.platform, context.mesh)
+    return {
+        "kind": job.kind,
+        "segment": job.segment,
+        "label": job.label,
+        "config": job.config,
+        "choices": job.choices,
+        "t_comm": t_comm,
+        "t_comp": t_comp,
+        "t_total": t_comm + t_comp,
+        "memory": record.memory,
+        "persistent_memory": record.persistent_memory,
+        "transient_memory": record.transient_memory,
+        "status": record.status,
+        "reason": record.reason,
+        "collectives": record.collectives,
+        "cached": was_cached,
+        "seconds": record.seconds,
+    }
+
+
+def reprice(record: ProfileRecord, platform: Any, mesh: MeshSpec) -> tuple[float, float]:
+    """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost."""
+    t_comm = sum(
+        platform.price(
+            Collective(
+                kind=CollectiveKind(c["kind"]),
+                name="",
+                shapes=(),
+                nbytes=int(c["bytes"]),
+                group_size=int(c["group"]),
+                axes=tuple(c["axes"]),
+                op_names=(c.get("op", ""),),
+            ),
+            mesh,
+        )
+        for c in json.loads(record.collectives)
+    )
+    return t_comm, platform.compute_time(record.flops, record.bytes_accessed)
+
+
+def _persistent_bytes(
+    graph: Graph, ops: tuple[int, ...], program: StandaloneProgram, assignment: Any, mesh: MeshSpec
+) -> int:
+    """Parameters and optimizer state held by the segment, plus activations kept for backward."""
+    layouts = dict(assignment.values)
+    position = {vid: i for i, vid in enumerate(graph.inputs)}
+
+    def local_bytes(vid: int, dims: Any) -> int:
+        parts = math.prod(mesh.axes_size(axes) for axes in dims if axes) if dims else 1
+        return graph.values[vid].type.nbytes // max(parts, 1)
+
+    total = 0
+    for vid in program.input_values:
+        if vid in position and graph.values[vid].kind.value in ("parameter", "optimizer_state"):
+            total += local_bytes(vid, assignment.inputs[position[vid]])
+    inside = set(ops)
+    for op_id in ops:
+        op = graph.ops[op_id]
+        if op.role is not Role.FORWARD:
+            continue
+        for vid in op.outputs:
+            if any(u in inside and graph.ops[u].role is Role.BACKWARD for u in graph.users(vid)):
+                total += local_bytes(vid, layouts.get(vid))
+    return total
+
+
+def _ops_digest(graph: Graph, ops: tuple[int, ...]) -> str:
+    """Identity of a segment's program: every op with its params and shapes, in order."""
+    hasher = hashlib.sha256()
+    for op_id in ops:
+        op = graph.ops[op_id]
+        hasher.update(
+            repr(
+                (op.primitive, op.params, [str(t) for t in op.input_types], op.role.value)
+            ).encode()
+        )
+    return hasher.hexdigest()[:16]
+
+
+def _platform_id(platform: Any) -> str:
+    content = json.dumps(platform.to_json(), sort_keys=True, default=str)
+    return f"{platform.name}:{hashlib.sha256(content.encode()).hexdigest()[:12]}"
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm  # picks a notebook widget inside Jupyter, text in a terminal
+
+    return tqdm(total=total, desc="profiling", unit="program")

@@ -1,0 +1,266 @@
+"""Profiling: HLO collectives, the compiled and measured backends, cache resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import explorer as ex
+from explorer.blocks import build_blocks
+from explorer.errors import ExplorerError
+from explorer.ir import BlockAnalysis, Graph, Segmentation
+from explorer.mesh import mesh_spec
+from explorer.platforms import load_platform
+from explorer.profile.cache import ProfileCache
+from explorer.profile.hlo import CollectiveKind, parse_collectives
+from explorer.profile.runner import profile_all
+from explorer.segments import build_segments
+from explorer.space import build_space
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@cache
+def _tiny_gpt(layers: int = 2) -> tuple[Graph, BlockAnalysis, Segmentation]:
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=layers), abstract=True)
+    graph = ex.trace(step, *args)
+    spec = mesh_spec((4,))
+    analysis = build_space(build_blocks(graph, spec.size), spec)
+    return graph, analysis, build_segments(graph, analysis)
+
+
+_STORE = ProfileCache(None)  # compiled profiles are platform-free: compile once, price thrice
+
+
+@cache
+def _profiles(platform: str = "a100-pcie-8", scale: float = 1.0) -> pd.DataFrame:
+    graph, analysis, segmentation = _tiny_gpt()
+    target = load_platform(platform)
+    if scale != 1.0:
+        target = target.scaled(scale)
+    return profile_all(
+        graph,
+        analysis,
+        segmentation,
+        mesh_spec((4,)),
+        platform=target,
+        cache=_STORE,
+        progress=False,
+    )
+
+
+# -- HLO parser on real compiled programs -----------------------------------------------------
+
+
+def test_combined_all_reduce_is_one_collective_with_the_summed_bytes() -> None:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    batch = NamedSharding(mesh, P("x"))
+
+    def grads(w1: jax.Array, w2: jax.Array, x: jax.Array) -> Any:
+        loss = lambda a, b: jnp.sum(jnp.tanh(x @ a) @ b)  # noqa: E731
+        return jax.grad(loss, argnums=(0, 1))(w1, w2)
+
+    replicated = NamedSharding(mesh, P())
+    compiled = (
+        jax.jit(grads, in_shardings=(replicated, replicated, batch), out_shardings=replicated)
+        .lower(jnp.ones((16, 32)), jnp.ones((32, 8)), jnp.ones((8, 16)))
+        .compile()
+    )
+    reduces = [
+        c for c in parse_collectives(compiled.as_text(), mesh_spec((4,)))
+        if c.kind is CollectiveKind.ALL_REDUCE
+    ]  # fmt: skip
+    combined = [c for c in reduces if len(c.shapes) > 1]
+    assert combined, "XLA combines the two gradient all-reduces into one tuple all-reduce"
+    (both,) = combined
+    # the compiler may all-reduce a gradient in transposed form: compare sizes
+    assert sorted(int(np.prod(dims)) for _, dims in both.shapes) == [32 * 8, 16 * 32]
+    assert both.nbytes == 4 * (16 * 32 + 32 * 8)
+    assert both.axes == ("x",) and both.group_size == 4
+
+
+def test_replica_groups_on_a_two_by_four_mesh_map_to_their_axes() -> None:
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
+
+    def f(a: jax.Array) -> Any:
+        over_x = jax.lax.with_sharding_constraint(a, NamedSharding(mesh, P(None, "y")))
+        over_y = jax.lax.with_sharding_constraint(a * 2, NamedSharding(mesh, P("x", None)))
+        return over_x, over_y
+
+    compiled = (
+        jax.jit(f, in_shardings=NamedSharding(mesh, P("x", "y"))).lower(jnp.ones((8, 16))).compile()
+    )
+    found = parse_collectives(compiled.as_text(), mesh_spec((2, 4)))
+    gathers = {(c.axes, c.group_size) for c in found if c.kind is CollectiveKind.ALL_GATHER}
+    assert (("x",), 2) in gathers  # un-splitting rows gathers over x
+    assert (("y",), 4) in gathers  # un-splitting columns gathers over y
+
+
+# -- compiled backend -------------------------------------------------------------------------
+
+
+def test_compiled_profiles_cover_every_layer_configuration_and_boundary() -> None:
+    table = _profiles()
+    segments = table[table["kind"] == "segment"]
+    assert (segments.groupby("label").size().to_dict()) == {"embed": 1, "layer": 81, "head": 3}
+    reshards = table[table["kind"] == "reshard"]
+    assert len(reshards) == 3 + 9 + 9
+    assert (table["status"] == "ok").all(), table[table["status"] != "ok"]["reason"].tolist()
+    no_move = reshards[reshards["config"].isin(["M@x->M@x"])]
+    assert (no_move["t_comm"] == 0).all()
+
+
+def test_all_batch_layer_communicates_gradients_only() -> None:
+    table = _profiles()
+    row = table[(table["label"] == "layer") & (table["config"] == "M@x,M@x,M@x,M@x")].iloc[0]
+    collectives = json.loads(row["collectives"])
+    assert collectives and row["t_comm"] > 0
+    for collective in collectives:
+        assert collective["kind"] == "all-reduce"
+        assert "transpose(" in collective["op"] or collective["bytes"] <= 8
+
+
+def test_ten_times_the_bandwidth_cuts_communication_not_computation() -> None:
+    """The bandwidth term of every T_C shrinks 10x; latency stays; T_P does not move.
+
+    Tiny GPT moves kilobytes, so per-message latency dominates its T_C; the latency-only
+    price (bandwidth made effectively infinite) is subtracted to see the bandwidth term.
+    """
+    base, fast, latency = _profiles(), _profiles(scale=10.0), _profiles(scale=1e9)
+    merged = base.merge(fast, on=["kind", "label", "config"], suffixes=("", "_fast")).merge(
+        latency[["kind", "label", "config", "t_comm"]].rename(columns={"t_comm": "t_lat"}),
+        on=["kind", "label", "config"],
+    )
+    busy = merged[merged["t_comm"] > merged["t_lat"] * 1.01]
+    assert len(busy) > 80
+    ratio = (busy["t_comm"] - busy["t_lat"]) / (busy["t_comm_fast"] - busy["t_lat"])
+    np.testing.assert_allclose(ratio, 10.0, rtol=1e-3)
+    assert (merged["t_comm_fast"] <= merged["t_comm"]).all()
+    np.testing.assert_allclose(merged["t_comp"], merged["t_comp_fast"])
+    print(
+        f"\nT_C base / 10x-bandwidth, median over configurations: "
+        f"{(busy['t_comm'] / busy['t_comm_fast']).median():.2f}x (latency-bound tiny model)"
+    )
+
+
+def test_measured_mode_refuses_a_mesh_larger_than_the_devices() -> None:
+    graph, analysis, segmentation = _tiny_gpt()
+    with pytest.raises(ExplorerError, match=r"JAX sees 8 .*xla_force_host_platform_device_count"):
+        profile_all(
+            graph,
+            analysis,
+            segmentation,
+            mesh_spec((4,)),
+            platform=load_platform("cpu-local"),
+            backend="measured",
+            progress=False,
+        )
+
+
+# -- cache: a killed run resumes ----------------------------------------------------------------
+
+_PROFILER = r"""
+import os, sys
+sys.path.insert(0, {root!r})
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import explorer as ex
+step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
+ex.analyze(step, *args, mesh=(4,), platform="a100-pcie-8", cache={cache!r}, progress=False)
+"""
+
+
+def _rows(path: Path) -> int:
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(path, timeout=30) as db:
+            return int(db.execute("select count(*) from profiles").fetchone()[0])
+    except sqlite3.OperationalError:
+        return 0
+
+
+@pytest.mark.slow
+def test_a_killed_run_resumes_without_reprofiling(tmp_path: Path) -> None:
+    path = tmp_path / "profiles.sqlite"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _PROFILER.format(root=str(ROOT), cache=str(path))],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    deadline = time.monotonic() + 300
+    try:
+        while _rows(path) < 12 and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.2)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    before = _rows(path)
+    assert before >= 12, "the child committed programs one at a time before it was killed"
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
+    analysis = ex.analyze(
+        step, *args, mesh=(4,), platform="a100-pcie-8", cache=path, progress=False
+    )
+    table = analysis.profiles
+    assert int(table["cached"].sum()) == before
+    assert int((~table["cached"]).sum()) == len(table) - before
+    with ProfileCache(path) as store:
+        assert len(store) == len(table)
+    rerun = ex.analyze(step, *args, mesh=(4,), platform="a100-pcie-8", cache=path, progress=False)
+    assert rerun.profiles["cached"].all()
+
+
+# -- measured backend across processes ----------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_measured_profiling_across_two_processes_over_loopback(tmp_path: Path) -> None:
+    out = tmp_path / "measured.json"
+    port = str(_free_port())
+    script = ROOT / "tests" / "scripts" / "measured_worker.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(i), port, str(out)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        logs = [w.communicate(timeout=300)[0] for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    assert all(w.returncode == 0 for w in workers), "\n".join(logs)[-3000:]
+    result = json.loads(out.read_text())
+    assert result["processes"] == 2 and result["devices"] == 4
+    rows = {r["config"]: r for r in result["rows"]}
+    assert set(rows) == {"M@x,M@x,M@x,M@x", "N@x,K@x,N@x,K@x"}
+    for row in rows.values():
+        assert row["status"] == "ok", row["reason"]
+        assert row["t_comm"] + row["t_comp"] > 0
