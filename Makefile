@@ -28,6 +28,7 @@ test: lint
 
 bench: setup
 	$(PY) benchmarks/trace_bench.py
+	$(PY) benchmarks/profile_bench.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -27,14 +27,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--no-cache", action="store_true", help="keep no profiles on disk")
     plan.add_argument("--no-profile", action="store_true", help="stop after segmentation")
     plan.add_argument("--prune", action="store_true", help="prune sub-spaces over budget")
-    calibrate = sub.add_parser("calibrate", help="measure collectives, write a platform file")
-    calibrate.add_argument("rest", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
+    sub.add_parser(
+        "calibrate", help="measure collectives, write a platform file (see calibrate -h)"
+    )
+    args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "calibrate":
             from explorer.platforms import calibrate_main
 
-            return calibrate_main(args.rest)
+            return calibrate_main(rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         return _plan(args)
     except ExplorerError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -173,6 +173,32 @@ def test_measured_mode_refuses_a_mesh_larger_than_the_devices() -> None:
         )
 
 
+def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
+    """Eight virtual CPU devices: real runs, and the dynamic limit records what it cut."""
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
+    graph = ex.trace(step, *args)
+    spec = mesh_spec((8,))
+    analysis = build_space(build_blocks(graph, spec.size), spec)
+    chosen = ("M@x,M@x,M@x,M@x", "K@x,K@x,K@x,K@x", "N@x,K@x,N@x,K@x")
+    table = profile_all(
+        graph,
+        analysis,
+        build_segments(graph, analysis),
+        spec,
+        platform=load_platform("cpu-local"),
+        backend="measured",
+        progress=False,
+        workers=1,
+        only=lambda kind, label, config: label == "layer" and config in chosen,
+        time_limit_factor=1e-9,  # anything after the first is "hopeless"
+    )
+    assert sorted(table["config"]) == sorted(chosen)
+    first, *rest = table.to_dict("records")
+    assert first["status"] == "ok" and first["t_comm"] + first["t_comp"] > 0
+    for row in rest:
+        assert row["status"] == "infeasible" and "dynamic limit" in row["reason"]
+
+
 # -- cache: a killed run resumes ----------------------------------------------------------------
 
 _PROFILER = r"""

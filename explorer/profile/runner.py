@@ -78,6 +78,7 @@ def profile_all(
     workers: int | None = None,
     progress: bool = True,
     only: Callable[[str, str, str], bool] | None = None,
+    time_limit_factor: float = DYNAMIC_LIMIT_FACTOR,
 ) -> pd.DataFrame:
     """Profile every unique segment configuration and boundary; one row per program.
 
@@ -95,7 +96,9 @@ def profile_all(
         )
     cache = cache if cache is not None else ProfileCache(None)
     jax_mesh = make_mesh(mesh)
-    context = _Context(graph, analysis, segmentation, mesh, jax_mesh, platform, backend)
+    context = _Context(
+        graph, analysis, segmentation, mesh, jax_mesh, platform, backend, time_limit_factor
+    )
     rows: list[dict[str, Any]] = []
     pruned_types = _over_budget(segmentation, analysis, budget, prune)
     first_round = list(context.segment_jobs(pruned_types)) + list(context.reshard_jobs())
@@ -157,6 +160,7 @@ class _Context:
     jax_mesh: Any
     platform: Any
     backend: Backend
+    time_limit_factor: float
 
     def __post_init__(self) -> None:
         self.platform_id = _platform_id(self.platform)
@@ -328,7 +332,7 @@ def _finish(
                 context.platform,
                 context.mesh,
                 persistent,
-                time_limit=None if limit is None else DYNAMIC_LIMIT_FACTOR * limit,
+                time_limit=None if limit is None else context.time_limit_factor * limit,
             )
             total = profile.t_comm + profile.t_comp
             best[job.segment] = min(best.get(job.segment, total), total)
