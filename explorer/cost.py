@@ -1,0 +1,127 @@
+"""The cost model: profiles composed along the chain of segment instances (paper Eq. 8, 9).
+
+Time (Eq. 8): `C_T = sum_n (T_C[n][i_n] + T_P[n][i_n]) + sum_n T_R[n][i_{n-1}][i_n]`, where the
+resharding term depends only on the previous instance's last block strategy and this
+instance's first block strategy.
+
+Memory: Eq. 9 sums each segment program's peak, which counts every segment's transient buffers
+as if they were alive at once. They are not: parameters, optimizer state and the activations
+kept for backward persist across the step, while a segment's temporaries live only while it
+runs. So the prediction is `sum_n persistent[n][i_n] + max_n transient[n][i_n]`; Eq. 9 stays
+available for comparison.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from explorer.errors import AnalysisError
+from explorer.ir import Segmentation
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One profiled configuration of a segment instance."""
+
+    choices: tuple[int, ...]  # strategy index per block of the instance
+    name: str
+    t_comm: float
+    t_comp: float
+    persistent: int
+    transient: int
+    peak: int  # the segment program's own peak (Eq. 9 term)
+
+    @property
+    def time(self) -> float:
+        return self.t_comm + self.t_comp
+
+    @property
+    def first(self) -> int:
+        return self.choices[0] if self.choices else 0
+
+    @property
+    def last(self) -> int:
+        return self.choices[-1] if self.choices else 0
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Per instance its options; per boundary the resharding time by (last, first) strategy."""
+
+    labels: tuple[str, ...]  # instance labels, e.g. "layer_3"
+    options: tuple[tuple[Option, ...], ...]  # per instance
+    reshard: tuple[dict[tuple[int, int], float], ...]  # per boundary n -> n+1
+
+    def __post_init__(self) -> None:
+        if len(self.reshard) != max(0, len(self.options) - 1):
+            raise ValueError("one resharding table per boundary between instances")
+        for label, options in zip(self.labels, self.options, strict=True):
+            if not options:
+                raise AnalysisError(f"segment instance {label!r} has no feasible configuration")
+
+    def time(self, selection: Sequence[int]) -> float:
+        """Eq. 8 for one option index per instance."""
+        chosen = [self.options[n][i] for n, i in enumerate(selection)]
+        total = sum(o.time for o in chosen)
+        for n in range(1, len(chosen)):
+            total += self.reshard[n - 1].get((chosen[n - 1].last, chosen[n].first), 0.0)
+        return total
+
+    def memory(self, selection: Sequence[int]) -> int:
+        """Persistent memory of every instance plus the largest transient peak."""
+        chosen = [self.options[n][i] for n, i in enumerate(selection)]
+        return sum(o.persistent for o in chosen) + max((o.transient for o in chosen), default=0)
+
+    def memory_eq9(self, selection: Sequence[int]) -> int:
+        """The paper's Eq. 9: the sum of every segment program's peak."""
+        return sum(self.options[n][i].peak for n, i in enumerate(selection))
+
+
+def build_cost_model(segmentation: Segmentation, profiles: pd.DataFrame) -> CostModel:
+    """Options per instance from its unique type's profiles; T_R from the boundary profiles."""
+    ok = profiles[profiles["status"] == "ok"]
+    by_type: dict[int, tuple[Option, ...]] = {}
+    for unique in segmentation.unique:
+        rows = ok[(ok["kind"] == "segment") & (ok["segment"] == unique.id)]
+        by_type[unique.id] = tuple(
+            Option(
+                choices=tuple(row["choices"]),
+                name=str(row["config"]),
+                t_comm=float(row["t_comm"]),
+                t_comp=float(row["t_comp"]),
+                persistent=int(row["persistent_memory"]),
+                transient=int(row["transient_memory"]),
+                peak=int(row["memory"]),
+            )
+            for row in _records(rows)
+        )
+    pairs: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
+    for row in _records(ok[ok["kind"] == "reshard"]):
+        before, after = row["segment"]
+        last, first = row["choices"]
+        pairs.setdefault((int(before), int(after)), {})[(int(last), int(first))] = float(
+            row["t_total"]
+        )
+    instances = segmentation.instances
+    reshard = []
+    for before, after in itertools.pairwise(instances):
+        table = pairs.get((before.unique_id, after.unique_id), {})
+        lasts = {o.last for o in by_type[before.unique_id]}
+        firsts = {o.first for o in by_type[after.unique_id]}
+        # a boundary whose resharding failed to profile is unusable: priced as infinite
+        reshard.append({(a, b): table.get((a, b), math.inf) for a in lasts for b in firsts})
+    return CostModel(
+        labels=tuple(i.label for i in instances),
+        options=tuple(by_type[i.unique_id] for i in instances),
+        reshard=tuple(reshard),
+    )
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]

@@ -1,0 +1,128 @@
+"""The solver against brute force on random chains, and budget queries."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from explorer.cost import CostModel, Option
+from explorer.solve import NoPlanFitsError, solve_frontier
+
+
+@st.composite
+def chains(draw: Any) -> CostModel:
+    length = draw(st.integers(1, 6))
+    strategies = draw(st.integers(1, 3))
+    options = []
+    for n in range(length):
+        count = draw(st.integers(1, 9))
+        choices = draw(
+            st.lists(
+                st.tuples(st.integers(0, strategies - 1), st.integers(0, strategies - 1)),
+                min_size=count,
+                max_size=count,
+            )
+        )
+        options.append(
+            tuple(
+                Option(
+                    choices=c,
+                    name=f"{n}:{k}",
+                    t_comm=draw(st.floats(0, 5, allow_nan=False)),
+                    t_comp=draw(st.floats(0, 5, allow_nan=False)),
+                    persistent=draw(st.integers(0, 50)),
+                    transient=draw(st.integers(0, 50)),
+                    peak=0,
+                )
+                for k, c in enumerate(choices)
+            )
+        )
+    reshard = tuple(
+        {
+            (a, b): draw(st.floats(0, 2, allow_nan=False))
+            for a in range(strategies)
+            for b in range(strategies)
+        }
+        for _ in range(length - 1)
+    )
+    return CostModel(tuple(f"s{n}" for n in range(length)), tuple(options), reshard)
+
+
+def _brute_force(model: CostModel, budget: float) -> float | None:
+    best = None
+    for selection in itertools.product(*(range(len(o)) for o in model.options)):
+        if model.memory(selection) <= budget:
+            time = model.time(selection)
+            best = time if best is None else min(best, time)
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(chains(), st.integers(0, 400))
+def test_frontier_lookup_equals_brute_force(model: CostModel, budget: int) -> None:
+    frontier = solve_frontier(model)
+    expected = _brute_force(model, budget)
+    if expected is None:
+        with pytest.raises(NoPlanFitsError, match="smallest plan needs"):
+            frontier.query(budget)
+        return
+    point = frontier.query(budget)
+    assert point.memory <= budget
+    assert point.time == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    # the point's numbers are those of the plan it names
+    assert model.time(point.selection) == pytest.approx(point.time, rel=1e-9, abs=1e-9)
+    assert model.memory(point.selection) == point.memory
+
+
+@settings(max_examples=100, deadline=None)
+@given(chains())
+def test_frontier_is_monotone(model: CostModel) -> None:
+    points = solve_frontier(model).points
+    assert all(a.memory < b.memory and a.time > b.time for a, b in itertools.pairwise(points))
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(), st.integers(0, 400))
+def test_uniform_mode_gives_one_configuration_per_shared_type(
+    model: CostModel, budget: int
+) -> None:
+    shared = CostModel(model.labels, (model.options[0],) * len(model.options), model.reshard)
+    frontier = solve_frontier(shared, uniform=True)
+    for point in frontier.points:
+        assert len(set(point.selection)) == 1
+    free = solve_frontier(shared)
+    if budget >= frontier.min_memory:  # freedom never makes the best plan slower
+        assert free.query(budget).time <= frontier.query(budget).time + 1e-9
+
+
+def test_pins_force_a_block_strategy_and_memory_never_exceeds_the_budget() -> None:
+    option = lambda c, t, p: Option(c, str(c), t, 0.0, p, 0, p)  # noqa: E731
+    model = CostModel(
+        ("a", "b"),
+        (
+            (option((0,), 1.0, 10), option((1,), 3.0, 2)),
+            (option((0,), 1.0, 10), option((1,), 3.0, 2)),
+        ),
+        ({(0, 0): 0.0, (0, 1): 0.5, (1, 0): 0.5, (1, 1): 0.0},),
+    )
+    frontier = solve_frontier(model)
+    assert frontier.query(100).selection == (0, 0)
+    assert frontier.query(12.5).memory <= 12.5
+    pinned = solve_frontier(model, pins={1: {0: 1}})
+    assert all(p.selection[1] == 1 for p in pinned.points)
+    with pytest.raises(NoPlanFitsError, match=r"needs 0.000 GiB \(4 bytes\)"):
+        frontier.query(3)
+
+
+def test_memory_is_persistent_sum_plus_largest_transient() -> None:
+    a = Option((0,), "a", 1.0, 0.0, persistent=5, transient=7, peak=12)
+    b = Option((0,), "b", 1.0, 0.0, persistent=3, transient=9, peak=12)
+    model = CostModel(("x", "y"), ((a,), (b,)), ({(0, 0): 0.0},))
+    assert model.memory((0, 0)) == 5 + 3 + 9
+    assert model.memory_eq9((0, 0)) == 24  # Eq. 9 counts both transients
+    assert np.isclose(model.time((0, 0)), 2.0)
