@@ -41,7 +41,9 @@ def main() -> None:
         start = time.perf_counter()
         frontier = solve_frontier(model)
         solve_s = time.perf_counter() - start
-        budgets = [random.uniform(frontier.min_memory, frontier.points[-1].memory) for _ in range(200)]
+        budgets = [
+            random.uniform(frontier.min_memory, frontier.points[-1].memory) for _ in range(200)
+        ]
         lookups = []
         for budget in budgets:
             start = time.perf_counter()
@@ -49,7 +51,8 @@ def main() -> None:
             lookups.append(time.perf_counter() - start)
         print(
             f"{instances:3d} instances x 81 configurations: frontier of {len(frontier.points)} "
-            f"plans in {solve_s:.2f} s; budget query median {1e6 * statistics.median(lookups):.0f} us"
+            f"plans in {solve_s:.2f} s; budget query median "
+            f"{1e6 * statistics.median(lookups):.0f} us"
         )
     print("targets (96 instances): frontier < 2 s, query < 5 ms")
 
