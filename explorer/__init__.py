@@ -7,7 +7,19 @@ from explorer import models
 from explorer.errors import ExplorerError
 from explorer.ir import Graph
 from explorer.pipeline import Analysis, analyze
+from explorer.plan import Plan, apply_plan, evaluate, load_plan
 from explorer.trace import trace
 
-__all__ = ["Analysis", "ExplorerError", "Graph", "analyze", "models", "trace"]
+__all__ = [
+    "Analysis",
+    "ExplorerError",
+    "Graph",
+    "Plan",
+    "analyze",
+    "apply_plan",
+    "evaluate",
+    "load_plan",
+    "models",
+    "trace",
+]
 __version__ = "0.1.0"

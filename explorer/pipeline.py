@@ -1,24 +1,28 @@
 """analyze(): the one place that chains the stages.
 
-trace -> blocks -> space -> segments -> profile (-> cost -> solve, as those stages land).
+trace -> blocks -> space -> segments -> profile -> cost -> solve -> plan.
 Each stage receives the previous artefact as an argument; this module only sequences them and
 keeps what each produced, so nothing computed is lost when a later stage fails.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from explorer.baselines import baseline_choices
 from explorer.blocks import build_blocks
+from explorer.cost import CostModel, build_cost_model
 from explorer.errors import AnalysisError
-from explorer.ir import BlockAnalysis, Graph, ParallelBlock, Segmentation
+from explorer.ir import BlockAnalysis, Config, Graph, ParallelBlock, Segmentation
 from explorer.mesh import MeshSpec, mesh_spec
+from explorer.plan import Plan, make_plan
 from explorer.segments import DEFAULT_PROFILING_BUDGET, ProgramCount, build_segments, program_count
+from explorer.solve import Frontier, solve_frontier
 from explorer.space import build_space, config_count
 from explorer.trace import trace
 
@@ -38,6 +42,8 @@ class Analysis:
     platform: Any = None
     backend: str = "compiled"
     profile_table: pd.DataFrame | None = None
+    cost_model: CostModel | None = None
+    default_frontier: Frontier | None = None
 
     @property
     def blocks(self) -> tuple[ParallelBlock, ...]:
@@ -66,6 +72,117 @@ class Analysis:
                 "to profile every segment configuration."
             )
         return self.profile_table
+
+    @property
+    def frontier(self) -> Frontier:
+        """The time/memory Pareto frontier of composed plans (no pins, mixed configurations)."""
+        self.profiles  # noqa: B018  (raises the clear error when nothing was profiled)
+        assert self.default_frontier is not None
+        return self.default_frontier
+
+    def plan(
+        self,
+        memory_budget: float | None = None,
+        pins: Mapping[Any, Any] | None = None,
+        uniform: bool = False,
+    ) -> Plan:
+        """The fastest plan whose predicted memory fits `memory_budget` bytes per device.
+
+        `pins` force strategies: `{block_index: "N@x"}` for one block, or
+        `{"layer": {0: "N@x"}}` for the first block of every instance of a segment type.
+        `uniform=True` gives every instance of a segment type the same configuration.
+        """
+        model = self._model()
+        if pins or uniform:
+            frontier = solve_frontier(model, self._solver_pins(pins or {}), uniform)
+        else:
+            frontier = self.frontier
+        point = frontier.points[-1] if memory_budget is None else frontier.query(memory_budget)
+        return self._plan("cfp", point.selection, memory_budget)
+
+    def baseline(self, name: str) -> Plan:
+        """A template plan (`dp`, `megatron`), priced by the same cost model."""
+        model = self._model()
+        per_block = baseline_choices(name, self.block_analysis, self.segments)
+        selection = []
+        for n, instance in enumerate(self.segments.instances):
+            wanted = tuple(per_block[b] for b in instance.blocks)
+            found = [i for i, o in enumerate(model.options[n]) if o.choices == wanted]
+            if not found:
+                raise AnalysisError(
+                    f"baseline {name!r}: configuration {wanted} of {instance.label!r} was not "
+                    "profiled (pruned or infeasible)"
+                )
+            selection.append(found[0])
+        return self._plan(name, tuple(selection), None)
+
+    def _model(self) -> CostModel:
+        self.profiles  # noqa: B018
+        assert self.cost_model is not None
+        return self.cost_model
+
+    def _solver_pins(self, pins: Mapping[Any, Any]) -> dict[int, dict[int, int]]:
+        out: dict[int, dict[int, int]] = {}
+        for key, value in pins.items():
+            if isinstance(key, int):
+                targets = [
+                    (n, inst.blocks.index(key))
+                    for n, inst in enumerate(self.segments.instances)
+                    if key in inst.blocks
+                ]
+                wanted = [(n, pos, value) for n, pos in targets]
+            else:
+                wanted = [
+                    (n, int(pos), name)
+                    for n, inst in enumerate(self.segments.instances)
+                    if self.segments.unique[inst.unique_id].label == key
+                    for pos, name in dict(value).items()
+                ]
+            if not wanted:
+                raise AnalysisError(f"pin {key!r}: no such block index or segment type label")
+            for n, pos, name in wanted:
+                block = self.blocks[self.segments.instances[n].blocks[pos]]
+                names = [s.name for s in block.strategies]
+                if name not in names:
+                    raise AnalysisError(
+                        f"pin {key!r}: block {block.index} ({block.scope}) has no strategy "
+                        f"{name!r}; expected one of {names}"
+                    )
+                out.setdefault(n, {})[pos] = names.index(name)
+        return out
+
+    def _plan(self, source: str, selection: tuple[int, ...], budget: float | None) -> Plan:
+        model = self._model()
+        choices = [0] * len(self.blocks)
+        documents = []
+        for n, instance in enumerate(self.segments.instances):
+            option = model.options[n][selection[n]]
+            for block, choice in zip(instance.blocks, option.choices, strict=True):
+                choices[block] = choice
+            documents.append(
+                {
+                    "label": instance.label,
+                    "type": instance.unique_id,
+                    "configuration": option.name,
+                    "time": option.time,
+                    "persistent_memory": option.persistent,
+                    "transient_memory": option.transient,
+                }
+            )
+        return make_plan(
+            source=source,
+            graph=self.graph,
+            blocks=self.block_analysis,
+            segments=documents,
+            config=Config(tuple(choices)),
+            mesh=self.mesh,
+            platform=getattr(self.platform, "name", str(self.platform)),
+            backend=self.backend,
+            time=model.time(selection),
+            memory=model.memory(selection),
+            memory_eq9=model.memory_eq9(selection),
+            budget=budget,
+        )
 
     def summary(self) -> str:
         lines = [
@@ -132,4 +249,17 @@ def analyze(
             workers=workers,
             progress=progress,
         )
-    return Analysis(graph, blocks, segments, spec, step, tuple(args), target, backend, table)
+    model = build_cost_model(segments, table)
+    return Analysis(
+        graph,
+        blocks,
+        segments,
+        spec,
+        step,
+        tuple(args),
+        target,
+        backend,
+        table,
+        model,
+        solve_frontier(model),
+    )

@@ -1,0 +1,49 @@
+"""Template baselines, in the same Plan format and priced by the same cost model.
+
+- `dp`: data parallel, every block splits its batch (M) over the whole mesh.
+- `megatron`: tensor parallel as Megatron-LM does it: within each segment, blocks alternate a
+  column split (N: QKV, MLP-in) and a row split (K: attention-out, MLP-out), so each pair needs
+  one all-reduce; a block on its own (the LM head) is split by columns (vocab-parallel). On a
+  2-D mesh this is DP x TP: batch over the outer axis, the tensor split over the inner one.
+"""
+
+from __future__ import annotations
+
+from explorer.errors import AnalysisError
+from explorer.ir import BlockAnalysis, DimRole, ParallelBlock, Segmentation
+
+BASELINES = ("dp", "megatron")
+
+
+def baseline_choices(
+    name: str, analysis: BlockAnalysis, segmentation: Segmentation
+) -> tuple[int, ...]:
+    """A strategy index per block for the named baseline."""
+    if name == "dp":
+        return tuple(_find(b, DimRole.M, name) for b in analysis.blocks)
+    if name == "megatron":
+        choices = [0] * len(analysis.blocks)
+        for instance in segmentation.instances:
+            alone = len(instance.blocks) == 1
+            for position, index in enumerate(instance.blocks):
+                role = DimRole.N if alone or position % 2 == 0 else DimRole.K
+                choices[index] = _find(analysis.blocks[index], role, name)
+        return tuple(choices)
+    raise AnalysisError(
+        f"unknown baseline {name!r}; expected one of {', '.join(BASELINES)} (the Alpa-style ILP "
+        "and FSDP baselines are not part of this build)"
+    )
+
+
+def _find(block: ParallelBlock, role: DimRole, name: str) -> int:
+    """The strategy whose innermost mesh axis splits `role` (DP x TP on 2-D)."""
+    for index, strategy in enumerate(block.strategies):
+        if strategy.assignment and strategy.assignment[-1][0] is role:
+            return index
+    if role in (DimRole.K, DimRole.N):  # fall back to data parallel where TP can't
+        for index, strategy in enumerate(block.strategies):
+            if strategy.assignment and strategy.assignment[-1][0] is DimRole.M:
+                return index
+    if block.strategies:
+        return 0
+    raise AnalysisError(f"baseline {name!r}: block {block.index} has no strategy")

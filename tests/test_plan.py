@@ -1,0 +1,118 @@
+"""Plans end to end on tiny GPT: solve, baselines, JSON round trip, apply, evaluate."""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jax
+import pytest
+from helpers import assert_trees_close
+
+import explorer as ex
+from explorer.plan import PlanError
+from explorer.solve import NoPlanFitsError
+
+RTOL = ATOL = 1e-5  # as in test_realize: compared on the second AdamW step
+
+
+@cache
+def _setup() -> tuple[Any, Any, Any, Any]:
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1))
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    analysis = ex.analyze(
+        step, *warm, mesh=(4,), platform="a100-pcie-8", cache=None, progress=False
+    )
+    return step, warm, analysis, plain(*warm)
+
+
+@pytest.mark.slow
+def test_the_chosen_plan_and_the_baselines_apply_and_match_the_unsharded_step(
+    tmp_path: Path,
+) -> None:
+    step, args, analysis, expected = _setup()
+    frontier = analysis.frontier
+    budget = (frontier.points[0].memory + frontier.points[-1].memory) / 2
+    plans = {
+        "fastest": analysis.plan(),
+        "budget": analysis.plan(memory_budget=budget),
+        "dp": analysis.baseline("dp"),
+        "megatron": analysis.baseline("megatron"),
+    }
+    assert plans["budget"].memory <= budget
+    assert plans["fastest"].time <= plans["budget"].time
+    assert plans["fastest"].time <= min(plans["dp"].time, plans["megatron"].time) + 1e-12
+    assert set(plans["dp"].strategies) == {"M@x"}
+    assert plans["megatron"].strategies[:4] == ("N@x", "K@x", "N@x", "K@x")
+    loaded = ex.load_plan(plans["budget"].save(tmp_path / "plan.json"))
+    assert loaded.document == plans["budget"].document
+    plans["loaded"] = loaded
+    for name, plan in plans.items():
+        found = ex.apply_plan(plan, step)(*args)
+        assert_trees_close(expected, found, RTOL, ATOL)
+        truth = ex.evaluate(plan, step, *args)
+        assert truth.time > 0 and truth.memory > 0, name
+        print(
+            f"\n{name:9s} predicted {1e3 * plan.time:.4f} ms, evaluated {1e3 * truth.time:.4f} ms"
+        )
+
+
+def test_pins_and_budget_errors() -> None:
+    _, _, analysis, _ = _setup()
+    pinned = analysis.plan(pins={"layer": {0: "K@x"}})
+    assert pinned.strategies[0] == "K@x"
+    with pytest.raises(ex.ExplorerError, match="no strategy 'Z@x'"):
+        analysis.plan(pins={0: "Z@x"})
+    least = analysis.frontier.min_memory
+    with pytest.raises(NoPlanFitsError, match=f"smallest plan needs .* \\({least} bytes\\)"):
+        analysis.plan(memory_budget=least - 1)
+
+
+def _saved(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    _, _, analysis, _ = _setup()
+    path = analysis.plan().save(tmp_path / "plan.json")
+    return path, json.loads(path.read_text())
+
+
+def test_malformed_and_foreign_plans_are_refused_naming_the_field(tmp_path: Path) -> None:
+    step, args, _, _ = _setup()
+    path, document = _saved(tmp_path)
+    path.write_text("{not json")
+    with pytest.raises(PlanError, match="line 1 column 2"):
+        ex.load_plan(path)
+    for field, value, message in (
+        ("schema_version", 2, "field 'schema_version' is 2"),
+        ("device_count", "eight", "field 'device_count'"),
+    ):
+        path.write_text(json.dumps({**document, field: value}))
+        with pytest.raises(PlanError, match=message):
+            ex.load_plan(path)
+    path.write_text(json.dumps({**document, "model_fingerprint": "0123456789abcdef"}))
+    with pytest.raises(PlanError, match="field 'model_fingerprint'"):
+        ex.apply_plan(ex.load_plan(path), step)(*args)
+    path.write_text(json.dumps({**document, "mesh": {"axes": ["x"], "shape": [16]}}))
+    with pytest.raises(PlanError, match="field 'mesh': the plan needs 16 devices"):
+        ex.apply_plan(ex.load_plan(path), step)(*args)
+
+
+GOLDEN = Path(__file__).parent / "golden" / "gpt_tiny_1layer_mesh4.json"
+
+
+def test_golden_plan_is_stable_and_valid() -> None:
+    """Structure of the fastest plan for a fixed case (timings aside: they follow XLA)."""
+    _, _, analysis, _ = _setup()
+    document = analysis.plan().document
+    stable = {k: v for k, v in document.items() if k not in ("predicted", "segments", "versions")}
+    stable["segments"] = [
+        {"label": s["label"], "configuration": s["configuration"]} for s in document["segments"]
+    ]
+    if os.environ.get("EXPLORER_UPDATE_GOLDEN"):  # regenerate deliberately, then review
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(json.dumps(stable, indent=1, sort_keys=True) + "\n")
+    assert GOLDEN.exists(), f"missing {GOLDEN}: run with EXPLORER_UPDATE_GOLDEN=1 to create it"
+    assert stable == json.loads(GOLDEN.read_text())
