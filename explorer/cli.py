@@ -27,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--no-cache", action="store_true", help="keep no profiles on disk")
     plan.add_argument("--no-profile", action="store_true", help="stop after segmentation")
     plan.add_argument("--prune", action="store_true", help="prune sub-spaces over budget")
+    plan.add_argument("--budget", default=None, help="memory per device, e.g. 8GiB or 512MiB")
+    plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
     sub.add_parser(
         "calibrate", help="measure collectives, write a platform file (see calibrate -h)"
     )
@@ -46,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from explorer.pipeline import analyze
+    from explorer.plan import evaluate
 
     model_fn, config_cls = models.MODELS[args.model]
     preset = getattr(config_cls, args.preset, None)
@@ -73,14 +76,42 @@ def _plan(args: argparse.Namespace) -> int:
     )
     print(f"{args.model} {args.preset}: {config}")
     print(analysis.summary())
-    if analysis.profile_table is not None:
-        _print_best(analysis.profile_table)
+    if analysis.profile_table is None:
+        print(f"analysis took {time.perf_counter() - start:.2f} s")
+        return 0
+    _print_best(analysis.profile_table)
+    budget = _bytes(args.budget) if args.budget else None
+    chosen = analysis.plan(memory_budget=budget)
+    print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
+    print(f"chosen: {chosen.summary()}")
+    print(f"{'plan':10} {'predicted ms':>12} {'evaluated ms':>12} {'memory GiB':>10}")
+    for name, plan in [("cfp", chosen)] + [(b, analysis.baseline(b)) for b in ("dp", "megatron")]:
+        truth = evaluate(plan, step, *example)
+        print(
+            f"{name:10} {1e3 * plan.time:12.4f} {1e3 * truth.time:12.4f} "
+            f"{plan.memory / 2**30:10.3f}"
+        )
+    if args.out:
+        print(f"wrote {chosen.save(args.out)}")
     print(f"analysis took {time.perf_counter() - start:.2f} s")
-    print(
-        "note: cost composition and the memory-budgeted solver are the next stages of the "
-        "pipeline; this build stops after profiling."
-    )
     return 0
+
+
+def _bytes(text: str) -> float:
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "b": 1}
+    lowered = text.strip().lower()
+    for unit, scale in units.items():
+        if lowered.endswith(unit):
+            try:
+                return float(lowered[: -len(unit)]) * scale
+            except ValueError:
+                break
+    try:
+        return float(lowered)
+    except ValueError:
+        raise ExplorerError(
+            f"--budget: expected bytes such as 8GiB, 512MiB or 1e9, found {text!r}"
+        ) from None
 
 
 def _print_best(table: Any) -> None:

@@ -8,6 +8,7 @@ partitioner then inserts exactly the communication the configuration implies.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,20 +41,11 @@ class RealizedStep:
 def realize(graph: Graph, assignment: ShardingAssignment, mesh: Mesh) -> RealizedStep:
     if graph.program is None:
         raise ArgumentMismatchError("this Graph carries no program to realise (was it traced?)")
-    # Replicated layouts are constraints too: they are where a K split's partial sums are
-    # reduced, and where a head gathers its input.
-    values = {v: named_sharding(mesh, d) for v, d in assignment.values}
-    # graph op ids are the program's equation indices
-    operands = {(o, p): named_sharding(mesh, d) for o, p, d in assignment.operands}
+    # graph op ids are the whole program's equation indices
+    constrain_value, constrain_operand = _hooks(
+        assignment, mesh, {op.id: op.id for op in graph.ops}
+    )
     program = graph.program
-
-    def constrain_value(vid: int, x: Any) -> Any:
-        sharding = values.get(vid)
-        return _constrain(x, sharding) if sharding is not None else x
-
-    def constrain_operand(eqn: int, position: int, x: Any) -> Any:
-        sharding = operands.get((eqn, position))
-        return _constrain(x, sharding) if sharding is not None else x
 
     def sharded_step(*args: Any) -> Any:
         flat, tree = jax.tree_util.tree_flatten(args)
@@ -72,6 +64,32 @@ def realize(graph: Graph, assignment: ShardingAssignment, mesh: Mesh) -> Realize
     )
     fn = jax.jit(sharded_step, in_shardings=tuple(in_shardings), out_shardings=out_shardings)
     return RealizedStep(fn, tuple(in_shardings), out_shardings, mesh)
+
+
+def _hooks(
+    assignment: ShardingAssignment, mesh: Mesh, eqn_of_op: dict[int, int]
+) -> tuple[Callable[[int, Any], Any], Callable[[int, int, Any], Any]]:
+    """`evaluate` hooks applying the assignment's constraints to results and head operands.
+
+    Replicated layouts are constraints too: they are where a K split's partial sums are
+    reduced, and where a head gathers its input.
+    """
+    values = {v: named_sharding(mesh, d) for v, d in assignment.values}
+    operands = {
+        (eqn_of_op[o], p): named_sharding(mesh, d)
+        for o, p, d in assignment.operands
+        if o in eqn_of_op
+    }
+
+    def constrain_value(vid: int, x: Any) -> Any:
+        sharding = values.get(vid)
+        return _constrain(x, sharding) if sharding is not None else x
+
+    def constrain_operand(eqn: int, position: int, x: Any) -> Any:
+        sharding = operands.get((eqn, position))
+        return _constrain(x, sharding) if sharding is not None else x
+
+    return constrain_value, constrain_operand
 
 
 def _constrain(x: Any, sharding: NamedSharding) -> Any:
@@ -124,21 +142,8 @@ def segment_program(
         else:
             dims = values.get(vid, ((),) * graph.values[vid].type.rank)
         shardings.append(named_sharding(mesh, dims))
-    value_shardings = {v: named_sharding(mesh, d) for v, d in assignment.values}
     eqn_position = {op: i for i, op in enumerate(sorted(set(ops)))}
-    operand_shardings = {
-        (eqn_position[o], p): named_sharding(mesh, d)
-        for o, p, d in assignment.operands
-        if o in eqn_position
-    }
-
-    def constrain_value(vid: int, x: Any) -> Any:
-        sharding = value_shardings.get(vid)
-        return _constrain(x, sharding) if sharding is not None else x
-
-    def constrain_operand(eqn: int, p: int, x: Any) -> Any:
-        sharding = operand_shardings.get((eqn, p))
-        return _constrain(x, sharding) if sharding is not None else x
+    constrain_value, constrain_operand = _hooks(assignment, mesh, eqn_position)
 
     def run(*flat: Any) -> Any:
         return tuple(jc.evaluate(program, flat, constrain_value, constrain_operand))
