@@ -17,3 +17,13 @@ os.environ["XLA_FLAGS"] = " ".join(
     + list(_FLAGS)
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def pytest_sessionfinish(session: object, exitstatus: int) -> None:
+    """Remove the session's shared profile cache (see helpers.SHARED_CACHE)."""
+    from pathlib import Path
+
+    from helpers import SHARED_CACHE
+
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{SHARED_CACHE}{suffix}").unlink(missing_ok=True)

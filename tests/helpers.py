@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -15,6 +18,10 @@ from explorer.mesh import MeshSpec, mesh_spec
 from explorer.space import build_space
 
 MODEL_NAMES = ("gpt", "llama", "bert", "moe")
+
+# One profile cache for the whole test session: compiled profiles are keyed by program, mesh
+# and backend (not platform, not model size), so modules profiling tiny GPT share their work.
+SHARED_CACHE = Path(tempfile.gettempdir()) / f"explorer-tests-{os.getpid()}.sqlite"
 
 
 @cache

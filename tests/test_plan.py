@@ -10,7 +10,7 @@ from typing import Any
 
 import jax
 import pytest
-from helpers import assert_trees_close
+from helpers import SHARED_CACHE, assert_trees_close
 
 import explorer as ex
 from explorer.plan import PlanError
@@ -26,7 +26,7 @@ def _setup() -> tuple[Any, Any, Any, Any]:
     _, params, opt_state = plain(*args)
     warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
     analysis = ex.analyze(
-        step, *warm, mesh=(4,), platform="a100-pcie-8", cache=None, progress=False
+        step, *warm, mesh=(4,), platform="a100-pcie-8", cache=SHARED_CACHE, progress=False
     )
     return step, warm, analysis, plain(*warm)
 

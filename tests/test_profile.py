@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import SHARED_CACHE
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -45,7 +46,7 @@ def _tiny_gpt(layers: int = 2) -> tuple[Graph, BlockAnalysis, Segmentation]:
     return graph, analysis, build_segments(graph, analysis)
 
 
-_STORE = ProfileCache(None)  # compiled profiles are platform-free: compile once, price thrice
+_STORE = ProfileCache(SHARED_CACHE)  # compiled profiles are platform-free: compile once
 
 
 @cache
