@@ -252,9 +252,11 @@ class _Context:
             )
             for last, first in itertools.product(lasts, firsts):
                 name_last = (
-                    blocks[before.blocks[-1]].strategies[last].name if before.blocks else "-"
+                    blocks[before.blocks[-1]].strategies[last].name if before.blocks else "none"
                 )
-                name_first = blocks[after.blocks[0]].strategies[first].name if after.blocks else "-"
+                name_first = (
+                    blocks[after.blocks[0]].strategies[first].name if after.blocks else "none"
+                )
                 config = f"{name_last}->{name_first}"
                 yield _Job(
                     kind="reshard",
