@@ -1,6 +1,9 @@
 """Template baselines, in the same Plan format and priced by the same cost model.
 
 - `dp`: data parallel, every block splits its batch (M) over the whole mesh.
+- `fsdp`: FSDP / ZeRO-3, computing like `dp` with parameters and optimizer state sharded over
+  the whole mesh. Its layouts are not a block configuration, so the profiles cannot price it:
+  its prediction is the whole step compiled and priced (`evaluate`).
 - `megatron`: tensor parallel as Megatron-LM does it: within each segment, blocks alternate a
   column split (N: QKV, MLP-in) and a row split (K: attention-out, MLP-out), so each pair needs
   one all-reduce; a block on its own (the LM head) is split by columns (vocab-parallel). On a
@@ -10,16 +13,25 @@
 from __future__ import annotations
 
 from explorer.errors import AnalysisError
-from explorer.ir import BlockAnalysis, DimRole, ParallelBlock, Segmentation
+from explorer.ir import (
+    BlockAnalysis,
+    DimAxes,
+    DimRole,
+    Graph,
+    ParallelBlock,
+    Segmentation,
+    ValueKind,
+)
+from explorer.mesh import MeshSpec
 
-BASELINES = ("dp", "megatron")
+BASELINES = ("dp", "megatron", "fsdp")
 
 
 def baseline_choices(
     name: str, analysis: BlockAnalysis, segmentation: Segmentation
 ) -> tuple[int, ...]:
     """A strategy index per block for the named baseline."""
-    if name == "dp":
+    if name in ("dp", "fsdp"):  # FSDP computes like DP; its parameters live sharded
         return tuple(_find(b, DimRole.M, name) for b in analysis.blocks)
     if name == "megatron":
         choices = [0] * len(analysis.blocks)
@@ -31,8 +43,25 @@ def baseline_choices(
         return tuple(choices)
     raise AnalysisError(
         f"unknown baseline {name!r}; expected one of {', '.join(BASELINES)} (the Alpa-style ILP "
-        "and FSDP baselines are not part of this build)"
+        "baseline is not part of this build)"
     )
+
+
+def fsdp_parameter_layouts(graph: Graph, mesh: MeshSpec) -> dict[str, DimAxes]:
+    """ZeRO-3: each parameter split over the whole mesh along its first dim that divides.
+
+    The partitioner then all-gathers a weight where a block uses it and reduce-scatters its
+    gradient; optimizer state follows the parameter (see space.shardings).
+    """
+    layouts: dict[str, DimAxes] = {}
+    for value in graph.inputs_of_kind(ValueKind.PARAMETER):
+        dims: list[tuple[str, ...]] = [()] * value.type.rank
+        for dim, size in enumerate(value.type.shape):
+            if size % mesh.size == 0:
+                dims[dim] = mesh.names
+                break
+        layouts[value.path] = tuple(dims)
+    return layouts
 
 
 def _find(block: ParallelBlock, role: DimRole, name: str) -> int:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from explorer.baselines import baseline_choices
+from explorer.baselines import baseline_choices, fsdp_parameter_layouts
 from explorer.blocks import build_blocks
 from explorer.cost import CostModel, build_cost_model
 from explorer.errors import AnalysisError
@@ -101,9 +101,12 @@ class Analysis:
         return self._plan("cfp", point.selection, memory_budget)
 
     def baseline(self, name: str) -> Plan:
-        """A template plan (`dp`, `megatron`), priced by the same cost model."""
+        """A template plan (`dp`, `megatron`, `fsdp`), priced by the same cost model; `fsdp`
+        by compiling the whole step (its parameter layouts are not a block configuration)."""
         model = self._model()
         per_block = baseline_choices(name, self.block_analysis, self.segments)
+        if name == "fsdp":
+            return self._fsdp_plan(per_block)
         selection = []
         for n, instance in enumerate(self.segments.instances):
             wanted = tuple(per_block[b] for b in instance.blocks)
@@ -115,6 +118,45 @@ class Analysis:
                 )
             selection.append(found[0])
         return self._plan(name, tuple(selection), None)
+
+    def _fsdp_plan(self, per_block: tuple[int, ...]) -> Plan:
+        from explorer.plan import evaluate
+
+        layouts = fsdp_parameter_layouts(self.graph, self.mesh)
+        documents = [
+            {
+                "label": i.label,
+                "type": i.unique_id,
+                "configuration": ",".join(
+                    self.blocks[b].strategies[per_block[b]].name for b in i.blocks
+                )
+                or "none",
+                "time": 0.0,
+                "persistent_memory": 0,
+                "transient_memory": 0,
+            }
+            for i in self.segments.instances
+        ]
+
+        def plan_with(time: float, memory: int) -> Plan:
+            return make_plan(
+                source="fsdp",
+                graph=self.graph,
+                blocks=self.block_analysis,
+                segments=documents,
+                config=Config(per_block),
+                mesh=self.mesh,
+                platform=getattr(self.platform, "name", str(self.platform)),
+                backend=self.backend,
+                time=time,
+                memory=memory,
+                memory_eq9=memory,
+                budget=None,
+                parameter_layouts=layouts,
+            )
+
+        truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
+        return plan_with(truth.time, truth.memory)
 
     def _model(self) -> CostModel:
         self.profiles  # noqa: B018

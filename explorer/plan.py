@@ -21,7 +21,7 @@ import jax
 
 from explorer.blocks import build_blocks
 from explorer.errors import ExplorerError
-from explorer.ir import BlockAnalysis, Config, Graph, ValueKind
+from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, ValueKind
 from explorer.mesh import MeshSpec, make_mesh, spec_to_json
 from explorer.realize import realize
 from explorer.space import build_space, shardings
@@ -103,8 +103,9 @@ def make_plan(
     memory: int,
     memory_eq9: int,
     budget: float | None,
+    parameter_layouts: dict[str, DimAxes] | None = None,
 ) -> Plan:
-    assignment = shardings(graph, blocks.blocks, config, mesh)
+    assignment = shardings(graph, blocks.blocks, config, mesh, parameter_layouts)
     values = dict(assignment.values)
     inputs = dict(zip(graph.inputs, assignment.inputs, strict=True))
     block_docs = []
@@ -228,7 +229,12 @@ def _configure(plan: Plan, step: Callable[..., Any], args: Sequence[Any]) -> tup
                 f"{block.index} ({block.scope}) on mesh {mesh}; expected one of {names}"
             )
         choices.append(names.index(name))
-    return graph, shardings(graph, analysis.blocks, Config(tuple(choices)), mesh)
+    # the plan's parameter layouts stand (they differ from the blocks' for FSDP)
+    parameters = {
+        path: tuple(tuple(axes) if axes else () for axes in spec)
+        for path, spec in plan.document["parameters"].items()
+    }
+    return graph, shardings(graph, analysis.blocks, Config(tuple(choices)), mesh, parameters)
 
 
 def apply_plan(plan: Plan, step: Callable[..., Any]) -> Callable[..., Any]:

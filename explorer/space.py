@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
 from explorer.errors import AnalysisError
@@ -135,8 +136,17 @@ def default_config(blocks: tuple[ParallelBlock, ...], role: DimRole = DimRole.M)
 
 
 def shardings(
-    graph: Graph, blocks: tuple[ParallelBlock, ...], config: Config, mesh: MeshSpec
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    config: Config,
+    mesh: MeshSpec,
+    parameter_layouts: Mapping[str, DimAxes] | None = None,
 ) -> ShardingAssignment:
+    """The layout of every constrained value under `config`.
+
+    `parameter_layouts` (by parameter path) overrides where parameters live, e.g. sharded
+    over the data axis as FSDP/ZeRO-3 keeps them; their optimizer state follows.
+    """
     if len(config.choices) != len(blocks):
         raise AnalysisError(
             f"expected a configuration with one strategy per block ({len(blocks)} blocks), "
@@ -157,7 +167,7 @@ def shardings(
             operands.append(
                 (operand.op, operand.position, _dim_axes(graph, operand.layout, strategy))
             )
-    inputs = _input_shardings(graph, values)
+    inputs = _input_shardings(graph, values, parameter_layouts or {})
     outputs = _output_shardings(graph, inputs)
     _pin_optimizer_updates(graph, outputs, values)
     input_ids = set(graph.inputs)
@@ -174,20 +184,29 @@ def _dim_axes(graph: Graph, layout: ValueLayout, strategy: Strategy) -> DimAxes:
     return tuple(dims)
 
 
-def _input_shardings(graph: Graph, values: dict[int, DimAxes]) -> tuple[DimAxes, ...]:
-    """Parameters from their block; optimizer state like its parameter; the rest replicated."""
+def _input_shardings(
+    graph: Graph, values: dict[int, DimAxes], overrides: Mapping[str, DimAxes]
+) -> tuple[DimAxes, ...]:
+    """Parameters from their block (or `overrides`); optimizer state like its parameter; the
+    rest replicated."""
+
+    def parameter(vid: int) -> DimAxes:
+        value = graph.values[vid]
+        if value.path in overrides:
+            return tuple(tuple(axes) for axes in overrides[value.path])
+        return values.get(vid, ((),) * value.type.rank)
+
     by_suffix: dict[tuple[str, tuple[int, ...]], DimAxes] = {}
     for vid in graph.inputs:
         value = graph.values[vid]
         if value.kind is ValueKind.PARAMETER:
-            dims = values.get(vid, ((),) * value.type.rank)
-            by_suffix[(_suffix(value.path), value.type.shape)] = dims
+            by_suffix[(_suffix(value.path), value.type.shape)] = parameter(vid)
     out = []
     for vid in graph.inputs:
         value = graph.values[vid]
         rank = value.type.rank
         if value.kind is ValueKind.PARAMETER:
-            out.append(values.get(vid, ((),) * rank))
+            out.append(parameter(vid))
         elif value.kind is ValueKind.OPTIMIZER_STATE:
             out.append(_match_suffix(value.path, value.type.shape, by_suffix) or ((),) * rank)
         else:

@@ -43,12 +43,16 @@ def test_the_chosen_plan_and_the_baselines_apply_and_match_the_unsharded_step(
         "budget": analysis.plan(memory_budget=budget),
         "dp": analysis.baseline("dp"),
         "megatron": analysis.baseline("megatron"),
+        "fsdp": analysis.baseline("fsdp"),
     }
     assert plans["budget"].memory <= budget
     assert plans["fastest"].time <= plans["budget"].time
     assert plans["fastest"].time <= min(plans["dp"].time, plans["megatron"].time) + 1e-12
     assert set(plans["dp"].strategies) == {"M@x"}
     assert plans["megatron"].strategies[:4] == ("N@x", "K@x", "N@x", "K@x")
+    fsdp_parameters = plans["fsdp"].document["parameters"]
+    assert fsdp_parameters["params['layers'][0]['attn']['w_qkv']"] == [["x"], None]
+    assert set(plans["fsdp"].strategies) == {"M@x"}
     loaded = ex.load_plan(plans["budget"].save(tmp_path / "plan.json"))
     assert loaded.document == plans["budget"].document
     plans["loaded"] = loaded
