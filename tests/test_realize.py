@@ -139,3 +139,20 @@ def test_realised_step_rejects_arguments_of_another_structure() -> None:
     )
     with pytest.raises((ValueError, TypeError)):
         step(*args[:3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llama", "bert", "moe"])
+@pytest.mark.parametrize("shape", [(4,), (2, 2)])
+def test_random_configurations_of_the_other_models_match(name: str, shape: tuple[int, ...]) -> None:
+    """LLaMA (RoPE, SwiGLU), BERT (post-LN, MLM) and MoE (expert-dim strategies) too."""
+    step, args, graph = traced(name, 2)
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    expected = plain(*warm)
+    analysis = _space(graph, shape)
+    rng = random.Random(f"{name}{shape}")
+    for _ in range(2):
+        choices = tuple(rng.randrange(len(b.strategies)) for b in analysis.blocks)
+        assert_trees_close(expected, _run(graph, analysis, shape, choices, warm), RTOL, ATOL)
