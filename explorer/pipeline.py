@@ -260,10 +260,13 @@ def analyze(
     prune: bool = False,
     workers: int | None = None,
     progress: bool = True,
+    only: Callable[[str, str, str], bool] | None = None,
 ) -> Analysis:
     """Trace `step(*args)`, build ParallelBlocks and their strategies on `mesh`, segment the
     block sequence and (unless `profile=False`) profile every unique segment configuration and
-    boundary with `backend` priced on `platform`. `cache=None` keeps nothing on disk."""
+    boundary with `backend` priced on `platform`. `cache=None` keeps nothing on disk.
+    `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
+    it accepts, for a quick look at part of the space."""
     from explorer.platforms import Platform, load_platform
 
     spec = mesh_spec(mesh)
@@ -290,6 +293,7 @@ def analyze(
             prune=prune,
             workers=workers,
             progress=progress,
+            only=only,
         )
     model = build_cost_model(segments, table)
     return Analysis(

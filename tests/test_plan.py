@@ -120,3 +120,37 @@ def test_golden_plan_is_stable_and_valid() -> None:
         GOLDEN.write_text(json.dumps(stable, indent=1, sort_keys=True) + "\n")
     assert GOLDEN.exists(), f"missing {GOLDEN}: run with EXPLORER_UPDATE_GOLDEN=1 to create it"
     assert stable == json.loads(GOLDEN.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "mesh"), [("llama", (2, 2)), ("moe", (4,))])
+def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]) -> None:
+    """The chosen plan and every baseline reproduce the unsharded step (profiling restricted
+    to the baselines' configurations and the boundaries, to keep the test short)."""
+    fn, config_cls = ex.models.MODELS[name]
+    step, args = fn(config_cls.tiny().replace(num_layers=2))
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    expected = plain(*warm)
+    layout = ex.analyze(step, *warm, mesh=mesh, profile=False)
+    from explorer.baselines import baseline_choices
+
+    wanted = set()
+    for baseline in ("dp", "megatron"):
+        per_block = baseline_choices(baseline, layout.block_analysis, layout.segments)
+        for instance in layout.segments.instances:
+            names = [layout.blocks[b].strategies[per_block[b]].name for b in instance.blocks]
+            wanted.add(",".join(names) or "-")
+    analysis = ex.analyze(
+        step,
+        *warm,
+        mesh=mesh,
+        cache=SHARED_CACHE,
+        progress=False,
+        prune=True,
+        only=lambda kind, label, config: kind == "reshard" or config in wanted,
+    )
+    plans = [analysis.plan()] + [analysis.baseline(b) for b in ("dp", "megatron", "fsdp")]
+    for plan in plans:
+        assert_trees_close(expected, ex.apply_plan(plan, step)(*warm), RTOL, ATOL)

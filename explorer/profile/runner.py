@@ -100,7 +100,8 @@ def profile_all(
         graph, analysis, segmentation, mesh, jax_mesh, platform, backend, time_limit_factor
     )
     rows: list[dict[str, Any]] = []
-    pruned_types = _over_budget(segmentation, analysis, budget, prune)
+    # A selection bounds the work by itself: it picks from the full space, no budget applies.
+    pruned_types = {} if only is not None else _over_budget(segmentation, analysis, budget, prune)
     first_round = list(context.segment_jobs(pruned_types)) + list(context.reshard_jobs())
     if only is not None:
         first_round = [j for j in first_round if only(j.kind, j.label, j.config)]
