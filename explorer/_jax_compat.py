@@ -39,7 +39,6 @@ _INLINE_PARAM = {
     "remat": "jaxpr",
     "remat2": "jaxpr",
     "checkpoint": "jaxpr",
-    "custom_lin": None,  # never appears after make_jaxpr, listed to reject clearly
 }
 
 _CONTROL_FLOW = {"scan", "while", "cond", "switch", "fori_loop"}

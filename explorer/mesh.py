@@ -117,9 +117,5 @@ def named_sharding(mesh: Mesh, dims: DimAxes) -> NamedSharding:
     return NamedSharding(mesh, partition_spec(dims))
 
 
-def replicated(rank: int) -> DimAxes:
-    return ((),) * rank
-
-
 def spec_to_json(dims: DimAxes) -> list[list[str] | None]:
     return [list(a) if a else None for a in dims]

@@ -116,22 +116,6 @@ def config_count(blocks: tuple[ParallelBlock, ...]) -> int:
     return math.prod(len(b.strategies) for b in blocks)
 
 
-def default_config(blocks: tuple[ParallelBlock, ...], role: DimRole = DimRole.M) -> Config:
-    """Every block on the first strategy that splits `role` (data parallel for M)."""
-    choices = []
-    for block in blocks:
-        index = next(
-            (
-                i
-                for i, s in enumerate(block.strategies)
-                if s.assignment and s.assignment[-1][0] is role
-            ),
-            0,
-        )
-        choices.append(index)
-    return Config(tuple(choices))
-
-
 # -- Config -> shardings ---------------------------------------------------------------------
 
 
