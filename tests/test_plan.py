@@ -21,7 +21,8 @@ RTOL = ATOL = 1e-5  # as in test_realize: compared on the second AdamW step
 
 @cache
 def _setup() -> tuple[Any, Any, Any, Any]:
-    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1))
+    # two layers, like test_profile's model: the session cache then serves both modules
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
     plain = jax.jit(step)
     _, params, opt_state = plain(*args)
     warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
@@ -104,7 +105,7 @@ def test_malformed_and_foreign_plans_are_refused_naming_the_field(tmp_path: Path
         ex.apply_plan(ex.load_plan(path), step)(*args)
 
 
-GOLDEN = Path(__file__).parent / "golden" / "gpt_tiny_1layer_mesh4.json"
+GOLDEN = Path(__file__).parent / "golden" / "gpt_tiny_2layer_mesh4.json"
 
 
 def test_golden_plan_is_stable_and_valid() -> None:
