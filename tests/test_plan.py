@@ -124,7 +124,9 @@ def test_golden_plan_is_stable_and_valid() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "mesh"), [("llama", (2, 2)), ("moe", (4,))])
+@pytest.mark.parametrize(
+    ("name", "mesh"), [("llama", (2, 2)), ("moe", (4,)), ("bert", (4,)), ("gpt", (2, 2))]
+)
 def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]) -> None:
     """The chosen plan and every baseline reproduce the unsharded step (profiling restricted
     to the baselines' configurations and the boundaries, to keep the test short)."""
