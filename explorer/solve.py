@@ -78,10 +78,16 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     if uniform:
         return _uniform(model, allowed)
     candidates: list[tuple[float, int, Selection]] = []
+    previous: list[list[int]] | None = None
     for cap in _caps(model, allowed):
         capped = _capped(model, allowed, cap)
         if any(not opts for opts in capped):
             continue
+        # Raising the cap only helped if it let in an option on some (time, persistent)
+        # front; otherwise every plan of this cap is one of the last cap's, with more memory.
+        if capped == previous:
+            continue
+        previous = capped
         for time, persistent, selection in _chain(model, capped):
             candidates.append((time, persistent + cap, selection))
     return _frontier(candidates)
