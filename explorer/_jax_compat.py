@@ -297,10 +297,6 @@ def _sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
             return value.jaxpr, value.consts
         if isinstance(value, jax_core.Jaxpr):
             return value, ()
-        if isinstance(value, (tuple, list)) and any(
-            isinstance(v, (jax_core.ClosedJaxpr, jax_core.Jaxpr)) for v in value
-        ):
-            return value, ()  # branches of cond/switch: reported as unsupported by the caller
     return None
 
 

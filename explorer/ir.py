@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -40,6 +40,8 @@ class ValueKind(StrEnum):
 
 # Per dim of a value: the mesh axes splitting it, outermost first (empty tuple: not split).
 DimAxes = tuple[tuple[str, ...], ...]
+
+T = TypeVar("T")
 
 INPUT_KINDS = (ValueKind.PARAMETER, ValueKind.OPTIMIZER_STATE, ValueKind.DATA, ValueKind.RNG)
 
@@ -456,3 +458,32 @@ class Segmentation:
             )
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+
+# -- pytree paths ----------------------------------------------------------------------------
+
+
+def path_suffix(path: str) -> str:
+    """The path below the top-level argument: `params['w']` -> `['w']`, `[1]['w']` -> `['w']`."""
+    for index, char in enumerate(path):
+        if char in "[." and index > 0:
+            if path[0] == "[":
+                end = path.index("]") + 1
+                return path[end:]
+            return path[index:]
+    if path.startswith("["):
+        return path[path.index("]") + 1 :]
+    return ""
+
+
+def match_suffix(
+    path: str, shape: tuple[int, ...], by_suffix: Mapping[tuple[str, tuple[int, ...]], T]
+) -> T | None:
+    """The entry whose path ends `path` with the same shape, longest suffix first (e.g. the
+    parameter an optimizer-state leaf belongs to)."""
+    for index in range(len(path)):
+        if path[index] in "[.":
+            found = by_suffix.get((path[index:], shape))
+            if found is not None:
+                return found
+    return None

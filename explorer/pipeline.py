@@ -65,6 +65,9 @@ class Analysis:
 
     @property
     def profiles(self) -> pd.DataFrame:
+        return self._require_profiles()
+
+    def _require_profiles(self) -> pd.DataFrame:
         if self.profile_table is None:
             raise AnalysisError(
                 "this analysis has no profiles: it was made with analyze(..., profile=False), "
@@ -76,7 +79,7 @@ class Analysis:
     @property
     def frontier(self) -> Frontier:
         """The time/memory Pareto frontier of composed plans (no pins, mixed configurations)."""
-        self.profiles  # noqa: B018  (raises the clear error when nothing was profiled)
+        self._require_profiles()
         assert self.default_frontier is not None
         return self.default_frontier
 
@@ -159,7 +162,7 @@ class Analysis:
         return plan_with(truth.time, truth.memory)
 
     def _model(self) -> CostModel:
-        self.profiles  # noqa: B018
+        self._require_profiles()
         assert self.cost_model is not None
         return self.cost_model
 

@@ -34,6 +34,8 @@ from explorer.ir import (
     SegmentInstance,
     SegmentType,
     ValueKind,
+    match_suffix,
+    path_suffix,
 )
 
 TRIVIAL = affine.ELEMENTWISE | {
@@ -224,11 +226,11 @@ def _assign_optimizer(graph: Graph, segment_of_op: list[int | None]) -> None:
         if readers and segment_of_op[readers[0]] is not None:
             owner = segment_of_op[readers[0]]
             assert owner is not None
-            owner_of_suffix[(_path_suffix(value.path), value.type.shape)] = owner
+            owner_of_suffix[(path_suffix(value.path), value.type.shape)] = owner
     pending: list[tuple[int, int]] = []
     for vid, path in zip(graph.outputs, graph.output_paths, strict=False):
         shape = graph.values[vid].type.shape
-        owner = _owner_by_suffix(path, shape, owner_of_suffix)
+        owner = match_suffix(path, shape, owner_of_suffix)
         if owner is not None:
             pending.append((vid, owner))
     while pending:
@@ -243,20 +245,6 @@ def _assign_optimizer(graph: Graph, segment_of_op: list[int | None]) -> None:
     for op in graph.ops:  # step counters, bias corrections: shared scalars
         if op.role is Role.OPTIMIZER and segment_of_op[op.id] is None:
             segment_of_op[op.id] = 0
-
-
-def _path_suffix(path: str) -> str:
-    match = re.search(r"[\[.]", path)
-    return path[match.start() :] if match else ""
-
-
-def _owner_by_suffix(
-    path: str, shape: tuple[int, ...], owners: dict[tuple[str, tuple[int, ...]], int]
-) -> int | None:
-    for index, char in enumerate(path):
-        if char in "[." and (path[index:], shape) in owners:
-            return owners[(path[index:], shape)]
-    return None
 
 
 # -- fingerprints ---------------------------------------------------------------------------

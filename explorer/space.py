@@ -35,6 +35,8 @@ from explorer.ir import (
     Strategy,
     ValueKind,
     ValueLayout,
+    match_suffix,
+    path_suffix,
 )
 from explorer.mesh import MeshSpec
 
@@ -184,7 +186,7 @@ def _input_shardings(
     for vid in graph.inputs:
         value = graph.values[vid]
         if value.kind is ValueKind.PARAMETER:
-            by_suffix[(_suffix(value.path), value.type.shape)] = parameter(vid)
+            by_suffix[(path_suffix(value.path), value.type.shape)] = parameter(vid)
     out = []
     for vid in graph.inputs:
         value = graph.values[vid]
@@ -192,7 +194,7 @@ def _input_shardings(
         if value.kind is ValueKind.PARAMETER:
             out.append(parameter(vid))
         elif value.kind is ValueKind.OPTIMIZER_STATE:
-            out.append(_match_suffix(value.path, value.type.shape, by_suffix) or ((),) * rank)
+            out.append(match_suffix(value.path, value.type.shape, by_suffix) or ((),) * rank)
         else:
             out.append(((),) * rank)
     return tuple(out)
@@ -201,7 +203,7 @@ def _input_shardings(
 def _output_shardings(graph: Graph, inputs: tuple[DimAxes, ...]) -> tuple[DimAxes, ...]:
     """A result that updates an input (new params, new optimizer state) keeps its layout."""
     by_suffix = {
-        (_suffix(graph.values[vid].path), graph.values[vid].type.shape): dims
+        (path_suffix(graph.values[vid].path), graph.values[vid].type.shape): dims
         for vid, dims in zip(graph.inputs, inputs, strict=True)
     }
     out = []
@@ -209,7 +211,7 @@ def _output_shardings(graph: Graph, inputs: tuple[DimAxes, ...]) -> tuple[DimAxe
         graph.outputs, graph.output_paths or ("",) * len(graph.outputs), strict=True
     ):
         shape = graph.values[vid].type.shape
-        out.append(by_suffix.get((_suffix(path), shape), ((),) * len(shape)))
+        out.append(by_suffix.get((path_suffix(path), shape), ((),) * len(shape)))
     return tuple(out)
 
 
@@ -238,31 +240,6 @@ def _pin_optimizer_updates(
         for operand in producer.inputs:
             if graph.values[operand].type.shape == shape and operand not in values:
                 pending.append((operand, dims))
-
-
-def _suffix(path: str) -> str:
-    """The path below the top-level argument: `params['w']` -> `['w']`, `[1]['w']` -> `['w']`."""
-    for index, char in enumerate(path):
-        if char in "[." and index > 0:
-            if path[0] == "[":
-                end = path.index("]") + 1
-                return path[end:]
-            return path[index:]
-    if path.startswith("["):
-        return path[path.index("]") + 1 :]
-    return ""
-
-
-def _match_suffix(
-    path: str, shape: tuple[int, ...], by_suffix: dict[tuple[str, tuple[int, ...]], DimAxes]
-) -> DimAxes | None:
-    """The layout of the parameter whose path ends this optimizer-state path (longest match)."""
-    for index in range(len(path)):
-        if path[index] in "[.":
-            found = by_suffix.get((path[index:], shape))
-            if found is not None:
-                return found
-    return None
 
 
 # -- layouts at segment boundaries -----------------------------------------------------------
