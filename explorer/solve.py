@@ -2,12 +2,10 @@
 
 An exact dynamic programme over the chain of segment instances. After instance n the state is,
 for each strategy of its last block (the only thing the next resharding cost depends on), the
-Pareto set of (time, persistent memory) of every partial plan. Memory is
-`sum(persistent) + max(transient)`, not additive, so the programme runs once per cap on the
-largest transient (each distinct transient value of a non-dominated option), with options above
-the cap removed; each run's frontier is shifted by its cap and the union is Pareto-filtered.
-Segments of one type may take different configurations. A budget query is a binary search on
-the frontier.
+undominated partial plans by (time, persistent memory, largest transient so far). Memory is
+`sum(persistent) + max(transient)`, not additive, so the largest transient is carried along as
+a third objective rather than summed; one pass yields every Pareto-optimal plan. Segments of
+one type may take different configurations. A budget query is a binary search on the frontier.
 """
 
 from __future__ import annotations
@@ -77,20 +75,7 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     allowed = _allowed(model, pins or {})
     if uniform:
         return _uniform(model, allowed)
-    candidates: list[tuple[float, int, Selection]] = []
-    previous: list[list[int]] | None = None
-    for cap in _caps(model, allowed):
-        capped = _capped(model, allowed, cap)
-        if any(not opts for opts in capped):
-            continue
-        # Raising the cap only helped if it let in an option on some (time, persistent)
-        # front; otherwise every plan of this cap is one of the last cap's, with more memory.
-        if capped == previous:
-            continue
-        previous = capped
-        for time, persistent, selection in _chain(model, capped):
-            candidates.append((time, persistent + cap, selection))
-    return _frontier(candidates)
+    return _frontier(_chain(model, allowed))
 
 
 def _allowed(model: CostModel, pins: Pins) -> list[list[int]]:
@@ -138,61 +123,45 @@ def _undominated(options: tuple[Option, ...], keep: list[int]) -> list[int]:
     return out
 
 
-def _capped(model: CostModel, allowed: list[list[int]], cap: int) -> list[list[int]]:
-    """Each instance's options with transient <= cap, on their (time, persistent) front."""
-    memo: dict[tuple[int, int], list[int]] = {}  # instances of one type share the work
-    out = []
-    for n, opts in enumerate(allowed):
-        key = (id(model.options[n]), id(opts))
-        if key not in memo:
-            options = model.options[n]
-            memo[key] = _fastest_leanest(options, [i for i in opts if options[i].transient <= cap])
-        out.append(memo[key])
-    return out
+@dataclass(frozen=True, slots=True)
+class _States:
+    """Partial plans ending in one strategy, sorted by time, with their back pointers."""
 
-
-def _fastest_leanest(options: tuple[Option, ...], keep: list[int]) -> list[int]:
-    """Under a transient cap only time and persistent memory matter: per pair of end
-    strategies, keep the options on that 2-D Pareto front."""
-    out: list[int] = []
-    ends = {(options[i].first, options[i].last) for i in keep}
-    for end in ends:
-        same = [i for i in keep if (options[i].first, options[i].last) == end]
-        times = np.array([options[i].time for i in same])
-        held = np.array([options[i].persistent for i in same], dtype=np.int64)
-        out.extend(same[k] for k in _pareto(times, held))
-    return sorted(out)
-
-
-def _caps(model: CostModel, allowed: list[list[int]]) -> list[int]:
-    """Transient caps worth trying: at least the largest of each instance's smallest."""
-    floor = max(min(model.options[n][i].transient for i in opts) for n, opts in enumerate(allowed))
-    values = {model.options[n][i].transient for n, opts in enumerate(allowed) for i in opts}
-    return sorted(v for v in values if v >= floor)
+    time: np.ndarray
+    persistent: np.ndarray
+    level: np.ndarray  # index of the largest transient so far in the sorted transient values
+    came_from: np.ndarray  # previous strategy class
+    position: np.ndarray  # index in that class's states after the previous instance
+    option: np.ndarray  # option index chosen for this instance
 
 
 def _chain(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int, Selection]]:
-    """Pareto (time, persistent) plans of the chain with these options.
+    """Pareto plans of the chain, in one pass carrying the largest transient so far.
 
-    States are kept per strategy of the last block; `trace[n][c]` holds, aligned with the
-    surviving points of class `c` after instance `n`, the (previous class, previous position,
-    option) each came from.
+    States are kept per strategy of the last block (the only thing the next resharding cost
+    depends on) and pruned by `_skyline`. A plan's memory is its persistent sum plus the
+    transient value of its level.
     """
-    states: dict[int, tuple[np.ndarray, np.ndarray]] = {-1: (np.zeros(1), np.zeros(1, np.int64))}
-    trace: list[dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]] = []
+    levels = np.array(
+        sorted({model.options[n][i].transient for n, opts in enumerate(allowed) for i in opts}),
+        dtype=np.int64,
+    )
+    empty = np.zeros(1, np.int64)
+    states = {-1: _States(np.zeros(1), empty, empty, empty, empty, empty)}
+    history: list[dict[int, _States]] = []
     for n, opts in enumerate(allowed):
         options = [model.options[n][i] for i in opts]
         ids = np.array(opts)
         cost = np.array([o.time for o in options])
         held = np.array([o.persistent for o in options], dtype=np.int64)
+        level = np.searchsorted(levels, [o.transient for o in options])
         firsts = np.array([o.first for o in options])
         lasts = np.array([o.last for o in options])
-        step: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        new_states: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        new_states: dict[int, _States] = {}
         for last in np.unique(lasts):
             mine = lasts == last
             parts = []
-            for cls, (times, persist) in states.items():
+            for cls, before in states.items():
                 move = (
                     np.zeros(mine.sum())
                     if n == 0
@@ -200,61 +169,84 @@ def _chain(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int,
                         [model.reshard[n - 1].get((cls, int(f)), np.inf) for f in firsts[mine]]
                     )
                 )
-                # every earlier partial plan of this class times every option ending in `last`
-                grid_t = times[:, None] + (cost[mine] + move)[None, :]
-                grid_p = persist[:, None] + held[mine][None, :]
+                # one row per option: each row is a time-sorted run, which the stable sort
+                # below merges rather than sorts
+                grid_t = (cost[mine] + move)[:, None] + before.time[None, :]
                 shape = grid_t.shape
                 finite = np.isfinite(grid_t).ravel()
                 parts.append(
                     (
                         grid_t.ravel()[finite],
-                        grid_p.ravel()[finite],
+                        (held[mine][:, None] + before.persistent[None, :]).ravel()[finite],
+                        np.maximum(level[mine][:, None], before.level[None, :]).ravel()[finite],
                         np.full(shape, cls).ravel()[finite],
-                        np.broadcast_to(np.arange(shape[0])[:, None], shape).ravel()[finite],
-                        np.broadcast_to(ids[mine][None, :], shape).ravel()[finite],
+                        np.broadcast_to(np.arange(shape[1])[None, :], shape).ravel()[finite],
+                        np.broadcast_to(ids[mine][:, None], shape).ravel()[finite],
                     )
                 )
-            times, persist, prev_cls, prev_pos, option_ids = (
-                np.concatenate(c) for c in zip(*parts, strict=True)
-            )
-            if not len(times):
+            columns = [np.concatenate(c) for c in zip(*parts, strict=True)]
+            if not len(columns[0]):
                 continue
-            keep = _pareto(times, persist, strict=False)
-            new_states[int(last)] = (times[keep], persist[keep])
-            step[int(last)] = (prev_cls[keep], prev_pos[keep], option_ids[keep])
+            keep = _skyline(columns[0], columns[1], columns[2], levels)
+            new_states[int(last)] = _States(*(c[keep] for c in columns))
         states = new_states
         if not states:
             raise AnalysisError(
                 f"no configuration of {model.labels[n]!r} can follow the previous segment: every "
                 "resharding between them failed to profile"
             )
-        trace.append(step)
+        history.append(states)
 
     def walk(cls: int, k: int) -> tuple[int, ...]:
         """Follow the back pointers from final point `k` of class `cls`."""
         selection = [0] * len(allowed)
         c, pos = cls, k
         for n in range(len(allowed) - 1, -1, -1):
-            prev_cls, prev_pos, option_ids = trace[n][c]
-            selection[n] = int(option_ids[pos])
-            c, pos = int(prev_cls[pos]), int(prev_pos[pos])
+            found = history[n][c]
+            selection[n] = int(found.option[pos])
+            c, pos = int(found.came_from[pos]), int(found.position[pos])
         return tuple(selection)
 
     return [
-        (float(times[k]), int(persist[k]), functools.partial(walk, cls, k))
-        for cls, (times, persist) in states.items()
-        for k in range(len(times))
+        (float(s.time[k]), int(s.persistent[k] + levels[s.level[k]]), functools.partial(walk, c, k))
+        for c, s in states.items()
+        for k in range(len(s.time))
     ]
 
 
-def _pareto(times: np.ndarray, memory: np.ndarray, strict: bool = True) -> np.ndarray:
-    """Indices of the points no other point beats on both time and memory.
+def _skyline(
+    times: np.ndarray, persistent: np.ndarray, level: np.ndarray, caps: np.ndarray
+) -> np.ndarray:
+    """Indices, in time order, of the partial plans no earlier one (in time order) dominates.
 
-    `strict=False` sorts by time alone (about twice as fast): of several points with the
-    same time, a dominated one may survive. Harmless inside the programme; the final frontier
-    is always filtered strictly.
+    Plan B dominates plan A, whatever follows, when it is no slower, holds no more persistent
+    memory, and holds no more persistent plus largest transient memory: past both transients
+    the plans pay the same future transient, below them their own. (A dominated plan with an
+    equal time may survive: harmless, the final frontier is filtered strictly.)
     """
-    order = np.lexsort((memory, times)) if strict else np.argsort(times, kind="stable")
+    order = np.argsort(times, kind="stable")
+    total = persistent[order] + caps[level[order]]
+    never = np.iinfo(np.int64).max
+    # A cheap first sweep: an earlier plan whose whole memory is below this one's persistent
+    # memory dominates it. Dominance is transitive, so the exact sweep below need only look
+    # at the survivors.
+    lowest = np.concatenate(([never], np.minimum.accumulate(total)[:-1]))
+    order = order[lowest > persistent[order]]
+    held = persistent[order]
+    tier = level[order]
+    total = held + caps[tier]
+    dominated = np.zeros(len(order), dtype=bool)
+    for value in np.flatnonzero(np.bincount(tier)):
+        # least persistent memory among the earlier plans at this level
+        running = np.minimum.accumulate(np.where(tier == value, held, never))
+        earlier = np.concatenate(([never], running[:-1]))
+        dominated |= earlier <= np.minimum(held, total - caps[value])
+    return np.asarray(order[~dominated])
+
+
+def _pareto(times: np.ndarray, memory: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both time and memory."""
+    order = np.lexsort((memory, times))
     best = np.minimum.accumulate(memory[order])
     keep = np.ones(len(order), dtype=bool)
     keep[1:] = memory[order][1:] < best[:-1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,39 @@ def test_frontier_lookup_equals_brute_force(model: CostModel, budget: int) -> No
     # the point's numbers are those of the plan it names
     assert model.time(point.selection) == pytest.approx(point.time, rel=1e-9, abs=1e-9)
     assert model.memory(point.selection) == point.memory
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains())
+def test_whole_frontier_equals_brute_force_pareto_set(drawn: CostModel) -> None:
+    model = _dyadic(drawn)  # exact sums: near-ties cannot flip with the order of additions
+    plans = [
+        (model.time(s), model.memory(s))
+        for s in itertools.product(*(range(len(o)) for o in model.options))
+    ]
+    plans = [(t, m) for t, m in plans if np.isfinite(t)]
+    expected = sorted(
+        (m, t)
+        for t, m in plans
+        if not any(t2 <= t and m2 <= m and (t2, m2) != (t, m) for t2, m2 in plans)
+    )
+    expected = [p for i, p in enumerate(expected) if i == 0 or p[0] != expected[i - 1][0]]
+    found = [(p.memory, p.time) for p in solve_frontier(model).points]
+    assert [m for m, _ in found] == [m for m, _ in expected]
+    assert [t for _, t in found] == pytest.approx([t for _, t in expected], rel=1e-9, abs=1e-9)
+
+
+def _dyadic(model: CostModel) -> CostModel:
+    """The model with every time rounded to a multiple of 1/64."""
+    exact = lambda t: round(t * 64) / 64  # noqa: E731
+    return CostModel(
+        model.labels,
+        tuple(
+            tuple(replace(o, t_comm=exact(o.t_comm), t_comp=exact(o.t_comp)) for o in options)
+            for options in model.options
+        ),
+        tuple({k: exact(v) for k, v in table.items()} for table in model.reshard),
+    )
 
 
 @settings(max_examples=100, deadline=None)
