@@ -3,6 +3,9 @@
 A plan carries the mesh, the platform and backend it was priced on, the model's fingerprint,
 one configuration per segment instance, one strategy per block with the `PartitionSpec` of
 every value the block owns, a `PartitionSpec` per parameter, and the predicted time and memory.
+A per-op plan (the Alpa-style ILP) also carries a `PartitionSpec` for every value (`values`,
+by value id) and for what each contraction reads (`operands`, by "op:position"); when
+`values` is present it, not the block strategies, is what applies.
 `apply_plan` re-traces the user's step, checks it is the model the plan was made for, and
 returns a jitted sharded step with the same signature. `evaluate` compiles the whole step under
 the plan and prices it on the plan's platform: the ground truth predictions are judged on.
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,16 @@ import jax
 
 from explorer.blocks import build_blocks
 from explorer.errors import ExplorerError
-from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, ValueKind
+from explorer.ir import (
+    BlockAnalysis,
+    Config,
+    DimAxes,
+    Graph,
+    Segmentation,
+    ShardingAssignment,
+    TensorType,
+    ValueKind,
+)
 from explorer.mesh import MeshSpec, make_mesh, spec_to_json
 from explorer.realize import realize
 from explorer.space import build_space, shardings
@@ -130,6 +142,116 @@ def make_plan(
         for vid, dims in inputs.items()
         if graph.values[vid].kind is ValueKind.PARAMETER
     }
+    return _finish(
+        source=source,
+        graph=graph,
+        mesh=mesh,
+        platform=platform,
+        backend=backend,
+        segments=segments,
+        block_docs=block_docs,
+        parameters=parameters,
+        time=time,
+        memory=memory,
+        memory_eq9=memory_eq9,
+        budget=budget,
+    )
+
+
+def make_layout_plan(
+    *,
+    source: str,
+    graph: Graph,
+    blocks: BlockAnalysis,
+    segmentation: Segmentation,
+    mesh: MeshSpec,
+    platform: str,
+    backend: str,
+    time: float,
+    memory: int,
+    budget: float | None,
+    values: Mapping[int, DimAxes],
+    operands: Mapping[tuple[int, int], DimAxes],
+    op_strategies: Mapping[int, str],
+    ilp: dict[str, Any] | None = None,
+) -> Plan:
+    """A per-op plan: a layout for every value (step inputs included) and for what each
+    contraction reads. Blocks and segments are reported for display only: each block under
+    the strategy its head contraction took (prefixed with `source`)."""
+    replicated = ((),)
+
+    def layout(vid: int) -> DimAxes:
+        return values.get(vid, replicated * graph.values[vid].type.rank)
+
+    block_docs = []
+    names = []
+    for block in blocks.blocks:
+        head = graph.ops[block.head]
+        name = f"{source}:{op_strategies.get(block.head, 'R')}"
+        names.append(name)
+        block_docs.append(
+            {
+                "index": block.index,
+                "scope": block.scope,
+                "head": f"{head.input_types[0]} x {head.input_types[1]}",
+                "strategy": name,
+                "values": {str(v.value): spec_to_json(layout(v.value)) for v in block.layouts},
+            }
+        )
+    segments = [
+        {
+            "label": instance.label,
+            "type": instance.unique_id,
+            "configuration": ",".join(names[b] for b in instance.blocks) or "none",
+            "time": 0.0,
+            "persistent_memory": 0,
+            "transient_memory": 0,
+        }
+        for instance in segmentation.instances
+    ]
+    parameters = {
+        value.path: spec_to_json(layout(value.id))
+        for value in graph.inputs_of_kind(ValueKind.PARAMETER)
+    }
+    extra: dict[str, Any] = {
+        "values": {str(v): spec_to_json(d) for v, d in sorted(values.items())},
+        "operands": {f"{o}:{p}": spec_to_json(d) for (o, p), d in sorted(operands.items())},
+    }
+    if ilp is not None:
+        extra["ilp"] = ilp
+    return _finish(
+        source=source,
+        graph=graph,
+        mesh=mesh,
+        platform=platform,
+        backend=backend,
+        segments=segments,
+        block_docs=block_docs,
+        parameters=parameters,
+        time=time,
+        memory=memory,
+        memory_eq9=memory,
+        budget=budget,
+        extra=extra,
+    )
+
+
+def _finish(
+    *,
+    source: str,
+    graph: Graph,
+    mesh: MeshSpec,
+    platform: str,
+    backend: str,
+    segments: Sequence[dict[str, Any]],
+    block_docs: list[dict[str, Any]],
+    parameters: dict[str, Any],
+    time: float,
+    memory: int,
+    memory_eq9: int,
+    budget: float | None,
+    extra: dict[str, Any] | None = None,
+) -> Plan:
     from explorer import __version__
 
     document = {
@@ -150,6 +272,7 @@ def make_plan(
             "budget": budget,
         },
         "versions": {"explorer": __version__, "jax": jax.__version__},
+        **(extra or {}),
     }
     _validate(document, "<new plan>")
     if budget is not None and memory > budget:
@@ -213,6 +336,8 @@ def _configure(plan: Plan, step: Callable[..., Any], args: Sequence[Any]) -> tup
             f"{plan.document['model_fingerprint']}, this step traces to {found} (another "
             "architecture, size or batch). Plan this step again."
         )
+    if "values" in plan.document:  # a per-op plan: its layouts stand as they are
+        return graph, _layout_assignment(plan, graph)
     analysis = build_space(build_blocks(graph, mesh.size), mesh)
     wanted = plan.strategies
     if len(wanted) != len(analysis.blocks):
@@ -235,6 +360,79 @@ def _configure(plan: Plan, step: Callable[..., Any], args: Sequence[Any]) -> tup
         for path, spec in plan.document["parameters"].items()
     }
     return graph, shardings(graph, analysis.blocks, Config(tuple(choices)), mesh, parameters)
+
+
+def _layout_assignment(plan: Plan, graph: Graph) -> ShardingAssignment:
+    """The assignment of a per-op plan, each layout checked against the traced step."""
+    from explorer.alpa import layout_assignment
+
+    mesh = plan.mesh
+    values: dict[int, DimAxes] = {}
+    for key, spec in plan.document["values"].items():
+        where = f"values.{key}"
+        if not key.isdigit() or int(key) >= len(graph.values):
+            raise PlanError(
+                f"field '{where}': expected the id of a value of this step (0 to "
+                f"{len(graph.values) - 1}), found {key!r}"
+            )
+        value = graph.values[int(key)]
+        if value.kind is ValueKind.CONSTANT:
+            raise PlanError(
+                f"field '{where}': value {key} is a constant of the step; only step inputs and "
+                "op results take a layout"
+            )
+        values[value.id] = _checked_spec(spec, value.type, mesh, where, f"value {key}")
+    operands: dict[tuple[int, int], DimAxes] = {}
+    for key, spec in plan.document.get("operands", {}).items():
+        where = f"operands.{key}"
+        op_text, _, position_text = key.partition(":")
+        if not (op_text.isdigit() and position_text.isdigit()) or int(op_text) >= len(graph.ops):
+            raise PlanError(
+                f"field '{where}': expected 'op:position' naming an op of this step (op 0 to "
+                f"{len(graph.ops) - 1}), found {key!r}"
+            )
+        op = graph.ops[int(op_text)]
+        position = int(position_text)
+        if position >= len(op.inputs):
+            raise PlanError(
+                f"field '{where}': op {op.id} ({op.primitive}) has {len(op.inputs)} operands, "
+                f"found position {position}"
+            )
+        operands[(op.id, position)] = _checked_spec(
+            spec, op.input_types[position], mesh, where, f"operand {position} of op {op.id}"
+        )
+    return layout_assignment(graph, mesh, values, operands)
+
+
+def _checked_spec(
+    spec: list[list[str] | None], tt: TensorType, mesh: MeshSpec, where: str, what: str
+) -> DimAxes:
+    if len(spec) != tt.rank:
+        raise PlanError(
+            f"field '{where}': expected {tt.rank} entries, one per dim of {what} {tt}, found "
+            f"{len(spec)}"
+        )
+    seen: set[str] = set()
+    dims = []
+    for dim, axes in enumerate(spec):
+        names = tuple(axes or ())
+        for name in names:
+            if name not in mesh.names:
+                raise PlanError(
+                    f"field '{where}': dim {dim} of {what} names mesh axis {name!r}; mesh "
+                    f"{mesh} has axes {list(mesh.names)}"
+                )
+            if name in seen:
+                raise PlanError(f"field '{where}': mesh axis {name!r} splits {what} twice")
+            seen.add(name)
+        parts = mesh.axes_size(names)
+        if tt.shape[dim] % parts:
+            raise PlanError(
+                f"field '{where}': dim {dim} of {what} {tt} has size {tt.shape[dim]}, which does "
+                f"not split evenly into {parts} parts over mesh axes {'+'.join(names)}"
+            )
+        dims.append(names)
+    return tuple(dims)
 
 
 def apply_plan(plan: Plan, step: Callable[..., Any]) -> Callable[..., Any]:
@@ -268,6 +466,15 @@ class Evaluation:
 
 def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
     """Ground truth for a plan: compile the whole step and price it with the same backend."""
+    platform = plan.document["platform"]
+    return evaluate_on(plan, [platform], step, *args)[platform]
+
+
+def evaluate_on(
+    plan: Plan, platforms: Sequence[str], step: Callable[..., Any], *args: Any
+) -> dict[str, Evaluation]:
+    """`evaluate` priced on each of `platforms` (names or files) from one compilation: the
+    compiled program does not depend on the platform, only its pricing does."""
     from explorer.platforms import load_platform
     from explorer.profile.backends import Backend, compile_program, price_compiled
 
@@ -277,12 +484,14 @@ def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
     )
     compiled = compile_program(realised.lower(*abstract), Backend.COMPILED)
-    platform = load_platform(plan.document["platform"])
-    priced = price_compiled(compiled, platform, plan.mesh, 0)
-    return Evaluation(
-        time=priced.t_comm + priced.t_comp,
-        t_comm=priced.t_comm,
-        t_comp=priced.t_comp,
-        memory=priced.memory,
-        collectives=len(priced.collectives),
-    )
+    out = {}
+    for name in platforms:
+        priced = price_compiled(compiled, load_platform(name), plan.mesh, 0)
+        out[name] = Evaluation(
+            time=priced.t_comm + priced.t_comp,
+            t_comm=priced.t_comm,
+            t_comp=priced.t_comp,
+            memory=priced.memory,
+            collectives=len(priced.collectives),
+        )
+    return out
