@@ -471,22 +471,35 @@ def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
 
 
 def evaluate_on(
-    plan: Plan, platforms: Sequence[str], step: Callable[..., Any], *args: Any
+    plan: Plan,
+    platforms: Sequence[str],
+    step: Callable[..., Any],
+    *args: Any,
+    backend: str = "compiled",
 ) -> dict[str, Evaluation]:
     """`evaluate` priced on each of `platforms` (names or files) from one compilation: the
-    compiled program does not depend on the platform, only its pricing does."""
+    compiled program does not depend on the platform, only its pricing does. With
+    `backend="measured"` the step runs on the devices JAX sees and is timed instead (the
+    platform then only splits the time into communication and computation)."""
     from explorer.platforms import load_platform
-    from explorer.profile.backends import Backend, compile_program, price_compiled
+    from explorer.profile.backends import Backend, compile_program, measure, price_compiled
 
     graph, assignment = _configure(plan, step, args)
     realised = realize(graph, assignment, make_mesh(plan.mesh))
     abstract = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
     )
-    compiled = compile_program(realised.lower(*abstract), Backend.COMPILED)
+    kind = Backend(backend)
+    # flat inputs, so that `measure` can build one device array per leaf
+    leaves, treedef = jax.tree_util.tree_flatten(abstract)
+    flat = jax.jit(lambda *xs: realised(*jax.tree_util.tree_unflatten(treedef, xs)))
+    compiled = compile_program(flat.lower(*leaves), kind)
     out = {}
     for name in platforms:
-        priced = price_compiled(compiled, load_platform(name), plan.mesh, 0)
+        if kind is Backend.MEASURED:
+            priced = measure(compiled, tuple(leaves), load_platform(name), plan.mesh, 0)
+        else:
+            priced = price_compiled(compiled, load_platform(name), plan.mesh, 0)
         out[name] = Evaluation(
             time=priced.t_comm + priced.t_comp,
             t_comm=priced.t_comm,
