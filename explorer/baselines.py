@@ -8,6 +8,9 @@
   column split (N: QKV, MLP-in) and a row split (K: attention-out, MLP-out), so each pair needs
   one all-reduce; a block on its own (the LM head) is split by columns (vocab-parallel). On a
   2-D mesh this is DP x TP: batch over the outer axis, the tensor split over the inner one.
+- `alpa`: Alpa's intra-operator ILP over per-op strategies with a communication-volume cost
+  model (explorer.alpa); its plan is a layout per value, not a block configuration, so
+  `Analysis.baseline("alpa")` builds it and `baseline_choices` has none to give.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from explorer.ir import (
 )
 from explorer.mesh import MeshSpec
 
-BASELINES = ("dp", "megatron", "fsdp")
+BASELINES = ("dp", "megatron", "fsdp", "alpa")
 
 
 def baseline_choices(
@@ -41,10 +44,12 @@ def baseline_choices(
                 role = DimRole.N if alone or position % 2 == 0 else DimRole.K
                 choices[index] = _find(analysis.blocks[index], role, name)
         return tuple(choices)
-    raise AnalysisError(
-        f"unknown baseline {name!r}; expected one of {', '.join(BASELINES)} (the Alpa-style ILP "
-        "baseline is not part of this build)"
-    )
+    if name == "alpa":
+        raise AnalysisError(
+            "baseline 'alpa' chooses a layout per op, not a strategy per block: use "
+            "Analysis.baseline('alpa') or explorer.alpa.solve_alpa"
+        )
+    raise AnalysisError(f"unknown baseline {name!r}; expected one of {', '.join(BASELINES)}")
 
 
 def fsdp_parameter_layouts(graph: Graph, mesh: MeshSpec) -> dict[str, DimAxes]:

@@ -105,7 +105,16 @@ class Analysis:
 
     def baseline(self, name: str) -> Plan:
         """A template plan (`dp`, `megatron`, `fsdp`), priced by the same cost model; `fsdp`
-        by compiling the whole step (its parameter layouts are not a block configuration)."""
+        by compiling the whole step (its parameter layouts are not a block configuration).
+
+        `alpa` solves the Alpa-style ILP over per-op strategies (explorer.alpa) on this mesh
+        and platform. Its own objective is a communication-volume estimate on another scale
+        than the profiles, so like `fsdp` its predicted time and memory are the whole step
+        compiled under the plan (`evaluate`); the ILP's objective, size and status are kept
+        in the plan's `ilp` field.
+        """
+        if name == "alpa":
+            return self._alpa_plan()
         model = self._model()
         per_block = baseline_choices(name, self.block_analysis, self.segments)
         if name == "fsdp":
@@ -156,6 +165,43 @@ class Analysis:
                 memory_eq9=memory,
                 budget=None,
                 parameter_layouts=layouts,
+            )
+
+        truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
+        return plan_with(truth.time, truth.memory)
+
+    def _alpa_plan(self) -> Plan:
+        from explorer.alpa import solve_alpa
+        from explorer.plan import evaluate, make_layout_plan
+
+        solution = solve_alpa(self.graph, self.mesh, self.platform)
+        ilp = {
+            "objective": solution.objective,
+            "units": solution.units,
+            "status": solution.status,
+            "solve_seconds": solution.solve_seconds,
+            "variables": solution.variables,
+            "integer_variables": solution.integer_variables,
+            "constraints": solution.constraints,
+            "memory": solution.memory,
+        }
+
+        def plan_with(time: float, memory: int) -> Plan:
+            return make_layout_plan(
+                source="alpa",
+                graph=self.graph,
+                blocks=self.block_analysis,
+                segmentation=self.segments,
+                mesh=self.mesh,
+                platform=getattr(self.platform, "name", str(self.platform)),
+                backend=self.backend,
+                time=time,
+                memory=memory,
+                budget=None,
+                values=solution.layout_map(),
+                operands={(o, p): d for o, p, d in solution.operands},
+                op_strategies=dict(solution.strategies),
+                ilp=ilp,
             )
 
         truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
