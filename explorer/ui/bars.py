@@ -1,0 +1,220 @@
+"""Per-configuration bars for one segment type (the paper's Fig. 9 view).
+
+For every profiled configuration of the selected segment type: computation and communication
+time stacked, sorted by total; the configurations the current plan uses outlined; peak memory
+on a second axis; the Alpa-style symbolic cost as markers when `explorer.alpa` provides it;
+the collectives the compiler emitted in the hover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import plotly.graph_objects as go
+
+from explorer.ui import style
+
+if TYPE_CHECKING:
+    from explorer.pipeline import Analysis
+
+ALPA_MISSING = (
+    "no Alpa-style symbolic cost markers: explorer.alpa is not part of this build "
+    "(symbolic_config_costs could not be imported)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Symbolic:
+    """The Alpa-style symbolic cost per (segment type, configuration), or why there is none."""
+
+    costs: dict[tuple[int, str], float]
+    note: str = ""
+
+
+def symbolic_costs(analysis: Analysis) -> Symbolic:
+    """Read `explorer.alpa.symbolic_config_costs(analysis)` if that module exists."""
+    try:
+        from explorer.alpa import symbolic_config_costs  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return Symbolic({}, ALPA_MISSING)
+    try:
+        frame = symbolic_config_costs(analysis)
+    except Exception as err:  # shown next to the bars, not swallowed
+        return Symbolic({}, f"no symbolic cost markers: {type(err).__name__}: {err}")
+    costs = {
+        (int(row["segment"]), str(row["config"])): float(row["symbolic_cost"])
+        for row in frame.to_dict("records")
+    }
+    return Symbolic(costs)
+
+
+@dataclass(frozen=True, slots=True)
+class BarsData:
+    """Everything the bar chart shows for one segment type and one plan."""
+
+    segment: int
+    label: str
+    configs: tuple[str, ...]  # sorted by total time
+    t_comp_ms: tuple[float, ...]
+    t_comm_ms: tuple[float, ...]
+    memory_mib: tuple[float, ...]
+    symbolic_ms: tuple[float | None, ...]
+    chosen: tuple[int, ...]  # per config: how many instances of the type the plan gives it
+    collectives: tuple[str, ...]  # per config: hover text
+    note: str
+
+
+def with_chosen(base: BarsData, used: Counter[str]) -> BarsData:
+    """`used[config]`: instances of the type the current plan gives each configuration."""
+    return dataclasses.replace(base, chosen=tuple(used.get(c, 0) for c in base.configs))
+
+
+def profiled_bars(analysis: Analysis, segment: int, symbolic: Symbolic) -> BarsData:
+    """The plan-independent part of the bars of one segment type (nothing chosen)."""
+    table = analysis.profiles
+    rows = table[(table["kind"] == "segment") & (table["segment"] == segment)]
+    ok = rows[rows["status"] == "ok"].sort_values("t_total", kind="stable")
+    failed = rows[rows["status"] != "ok"]
+    notes = []
+    if len(failed):
+        reasons = Counter(str(r).split(":", 1)[0] for r in failed["reason"])
+        notes.append(
+            f"{len(failed)} configuration(s) failed to profile and are not drawn ("
+            + ", ".join(f"{n} x{c}" for n, c in reasons.items())
+            + f"); first: {failed['config'].iloc[0]}: {failed['reason'].iloc[0]}"
+        )
+    if symbolic.note:
+        notes.append(symbolic.note)
+    configs = tuple(str(c) for c in ok["config"])
+    label = analysis.segments.unique[segment].label
+    return BarsData(
+        segment=segment,
+        label=label,
+        configs=configs,
+        t_comp_ms=tuple(1e3 * float(v) for v in ok["t_comp"]),
+        t_comm_ms=tuple(1e3 * float(v) for v in ok["t_comm"]),
+        memory_mib=tuple(float(v) / 2**20 for v in ok["memory"]),
+        symbolic_ms=tuple(
+            None if (segment, c) not in symbolic.costs else 1e3 * symbolic.costs[(segment, c)]
+            for c in configs
+        ),
+        chosen=tuple(0 for _ in configs),
+        collectives=tuple(_collectives_text(v) for v in ok["collectives"]),
+        note="; ".join(notes),
+    )
+
+
+def _collectives_text(raw: Any) -> str:
+    items = json.loads(raw) if isinstance(raw, str) and raw else []
+    if not items:
+        return "no collectives"
+    groups: dict[tuple[str, str], list[int]] = {}
+    for c in items:
+        axes = "+".join(c.get("axes", [])) or "?"
+        groups.setdefault((c["kind"], axes), []).append(int(c["bytes"]))
+    return "<br>".join(
+        f"{kind} over {axes}: {len(sizes)} x, {style.mib(sum(sizes))} total"
+        for (kind, axes), sizes in groups.items()
+    )
+
+
+def empty_bars(note: str) -> BarsData:
+    return BarsData(-1, "", (), (), (), (), (), (), (), note)
+
+
+class BarsView:
+    """One figure; `show` replaces its data in place (the traces stay)."""
+
+    def __init__(self) -> None:
+        self.data = empty_bars("")
+        self.figure = go.FigureWidget(
+            data=[
+                go.Bar(name="computation", marker={"color": style.OKABE_ITO[4]}),
+                go.Bar(name="communication", marker={"color": style.OKABE_ITO[5]}),
+                go.Scatter(
+                    name="peak memory",
+                    yaxis="y2",
+                    mode="lines+markers",
+                    line={"color": style.OKABE_ITO[2], "width": 1},
+                    marker={"size": 5},
+                ),
+                go.Scatter(
+                    name="Alpa-style symbolic cost",
+                    mode="markers",
+                    marker={"symbol": "x", "size": 8, "color": "#000000"},
+                ),
+            ],
+            layout=go.Layout(
+                barmode="stack",
+                height=340,
+                margin={"l": 50, "r": 50, "t": 40, "b": 80},
+                yaxis={"title": {"text": "time (ms)"}},
+                yaxis2={"title": {"text": "memory (MiB)"}, "overlaying": "y", "side": "right"},
+                xaxis={"tickangle": -60, "tickfont": {"size": 8}},
+                legend={"orientation": "h", "y": 1.12},
+                template="plotly_white",
+            ),
+        )
+
+    def show(self, data: BarsData) -> None:
+        """Draw `data`; for the same segment's bars only the highlight is re-sent."""
+        previous, self.data = self.data, data
+        same = (previous.segment, previous.configs, previous.t_comp_ms, previous.symbolic_ms) == (
+            data.segment,
+            data.configs,
+            data.t_comp_ms,
+            data.symbolic_ms,
+        )
+        configs = list(data.configs)
+        width = [3.0 if c else 0.0 for c in data.chosen]
+        opacity = [1.0 if c else 0.55 for c in data.chosen] if any(data.chosen) else 1.0
+        hover = [
+            f"<b>{c}</b><br>computation {tp:.4g} ms, communication {tc:.4g} ms<br>"
+            f"peak memory {m:.4g} MiB"
+            + (f"<br>chosen by the plan on {n} instance(s)" if n else "")
+            + f"<br><i>collectives emitted</i>:<br>{coll}"
+            for c, tp, tc, m, n, coll in zip(
+                configs,
+                data.t_comp_ms,
+                data.t_comm_ms,
+                data.memory_mib,
+                data.chosen,
+                data.collectives,
+                strict=True,
+            )
+        ]
+        has_symbolic = [i for i, v in enumerate(data.symbolic_ms) if v is not None]
+        fig = self.figure
+        with fig.batch_update():
+            for trace, values in ((fig.data[0], data.t_comp_ms), (fig.data[1], data.t_comm_ms)):
+                if not same:
+                    trace.x = configs
+                    trace.y = list(values)
+                    trace.hoverinfo = "text"
+                trace.hovertext = hover
+                trace.marker.line = {"color": style.CHOSEN, "width": width}
+                trace.marker.opacity = opacity
+            if not same:
+                fig.data[2].x = configs
+                fig.data[2].y = list(data.memory_mib)
+                fig.data[3].x = [configs[i] for i in has_symbolic]
+                fig.data[3].y = [data.symbolic_ms[i] for i in has_symbolic]
+            chosen = [c for c, n in zip(configs, data.chosen, strict=True) if n]
+            fig.layout.title = {
+                "text": (
+                    f"{data.label}: {len(configs)} configurations"
+                    + (f"; plan uses {', '.join(chosen)}" if chosen else "")
+                    if configs
+                    else "select a segment"
+                ),
+                "font": {"size": 12},
+            }
+
+
+def used_configs(configs: tuple[str, ...], instances: list[int]) -> Counter[str]:
+    """How many of `instances` the plan gives each configuration."""
+    return Counter(configs[i] for i in instances) if configs else Counter()

@@ -1,0 +1,144 @@
+"""What the explorer app knows, in one place.
+
+`Settings` is what a run is made of (the controls' values when the run button was pressed);
+`Session` is the one mutable record of the app: the analysis, the budget and pins, the plan
+they give, and what is selected. Views never keep state of their own beyond their figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from explorer.pipeline import Analysis
+    from explorer.plan import Plan
+    from explorer.ui.table import BaselineRow
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    model: str = "gpt"
+    preset: str = "tiny"
+    layers: int | None = None  # None: the preset's depth
+    mesh: tuple[int, ...] = (8,)
+    platform: str = "a100-pcie-8"
+    backend: str = "compiled"
+    quick: bool = False  # profile paired strategies only (see paired_strategies)
+
+    def __post_init__(self) -> None:
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"layers: expected a positive int or None, found {self.layers}")
+
+    @property
+    def mesh_text(self) -> str:
+        return "x".join(map(str, self.mesh))
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The plan the solver picked, in the terms the views need, without its JSON document.
+
+    A budget move is a frontier lookup; turning its selection into this takes microseconds,
+    while building the full `Plan` document (every value's PartitionSpec, schema-validated)
+    takes most of a second on a 48-layer model. So views draw from a `Choice`, and the `Plan`
+    is built when something needs it (export, op-level PartitionSpecs, the baseline table).
+    """
+
+    time: float  # predicted seconds per step
+    memory: int  # predicted bytes per device
+    configs: tuple[str, ...]  # configuration per segment instance
+    strategies: tuple[str, ...]  # strategy per block
+    budget: float | None
+    pins: tuple[tuple[int, str], ...] = ()
+    uniform: bool = False
+
+
+def choice_from_point(analysis: Analysis, point: Any, budget: float | None) -> Choice:
+    """A frontier point's selection named through the analysis's cost model."""
+    model = analysis.cost_model
+    assert model is not None
+    strategies = [""] * len(analysis.blocks)
+    configs = []
+    for n, instance in enumerate(analysis.segments.instances):
+        option = model.options[n][point.selection[n]]
+        configs.append(option.name)
+        for block, choice in zip(instance.blocks, option.choices, strict=True):
+            strategies[block] = analysis.blocks[block].strategies[choice].name
+    return Choice(point.time, point.memory, tuple(configs), tuple(strategies), budget)
+
+
+def choice_from_plan(
+    plan: Plan, budget: float | None, pins: tuple[tuple[int, str], ...], uniform: bool
+) -> Choice:
+    return Choice(
+        plan.time,
+        plan.memory,
+        tuple(str(d["configuration"]) for d in plan.document["segments"]),
+        plan.strategies,
+        budget,
+        pins,
+        uniform,
+    )
+
+
+@dataclass
+class Session:
+    settings: Settings
+    analysis: Analysis | None = None
+    budget: float | None = None  # bytes per device; None: the fastest plan
+    pins: dict[int, str] = field(default_factory=dict)  # block index -> strategy name
+    uniform: bool = False
+    choice: Choice | None = None
+    plan: Plan | None = None  # the document of `choice`, once something asked for it
+    selected: int = 0  # segment instance shown in the bars (and expanded at op level)
+    analysis_key: tuple[Any, ...] = ()  # the model the selection belongs to
+    level: str = "blocks"  # "blocks" or "ops"
+    baselines: tuple[BaselineRow, ...] = ()
+    exported: str = ""  # path of the last export
+
+
+def paired_strategies(kind: str, label: str, config: str) -> bool:
+    """An `analyze(only=...)` filter for a quick look at a layer's space.
+
+    Transformer layers come as pairs of blocks (attention in/out, MLP in/out). Within a pair
+    the first block splits M (batch) or N (columns) and the second M or K (rows): data
+    parallel, Megatron's column-then-row split and their mixes. A GPT layer's 81
+    configurations become 16; segments of one block, and boundaries between them, are kept
+    whole where they can be reached.
+    """
+    del label
+
+    def role(name: str) -> str:
+        return name.rsplit(",", maxsplit=1)[-1].split("@", maxsplit=1)[0]
+
+    if kind == "segment":
+        names = config.split(",")
+        if len(names) < 2:
+            return True
+        return all(
+            role(n) in (("M", "N") if i % 2 == 0 else ("M", "K")) for i, n in enumerate(names)
+        )
+    last, first = config.split("->")
+    return (last == "none" or role(last) in ("M", "K")) and (
+        first == "none" or role(first) in ("M", "N")
+    )
+
+
+def counting(
+    only: Callable[[str, str, str], bool] | None,
+) -> tuple[Callable[[str, str, str], bool], list[int]]:
+    """Wrap an `only` filter so the programs it accepts are counted (for the progress bar)."""
+    accepted = [0]
+
+    def wrapped(kind: str, label: str, config: str) -> bool:
+        keep = True if only is None else only(kind, label, config)
+        accepted[0] += int(keep)
+        return keep
+
+    return wrapped, accepted
+
+
+def describe(value: Any) -> str:
+    return getattr(value, "__name__", repr(value))
