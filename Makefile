@@ -10,7 +10,7 @@ export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[ui,test]'
+	$(PY) -m pip install --quiet -e '.[ui,test,bench]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -1,4 +1,4 @@
-"""Command line: `python -m explorer plan ...`."""
+"""Command line: `python -m explorer plan|bench|calibrate ...`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser(
         "calibrate", help="measure collectives, write a platform file (see calibrate -h)"
     )
+    bench = sub.add_parser("bench", help="accuracy, plan quality, overhead, interactivity report")
+    bench.add_argument("--quick", action="store_true", help="a subset that runs in minutes")
+    bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
+    bench.add_argument("--cache", default=None, help="profile cache (default: a cold one)")
+    bench.add_argument(
+        "--sections", default="overhead,accuracy,quality,slider", help="comma-separated subset"
+    )
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "calibrate":
@@ -40,6 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return calibrate_main(rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if args.command == "bench":
+            return _bench(args)
         return _plan(args)
     except ExplorerError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -94,6 +103,28 @@ def _plan(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {chosen.save(args.out)}")
     print(f"analysis took {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    # the meshes go up to 8 devices; JAX reads this when it first touches a device
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
+    from explorer.bench import README, REPORT_DIR, run_bench
+
+    start = time.perf_counter()
+    report = run_bench(
+        quick=args.quick,
+        out=Path(args.out) if args.out else REPORT_DIR,
+        readme=None if args.out else README,  # the README quotes the repository's report
+        cache=Path(args.cache).expanduser() if args.cache else None,
+        sections=[s.strip() for s in args.sections.split(",") if s.strip()],
+    )
+    print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0
 
 

@@ -103,6 +103,23 @@ class Analysis:
         point = frontier.points[-1] if memory_budget is None else frontier.query(memory_budget)
         return self._plan("cfp", point.selection, memory_budget)
 
+    def plan_of(self, selection: Sequence[int], source: str = "manual") -> Plan:
+        """The plan that takes option `selection[n]` (an index into the profiled
+        configurations of instance n, as in `FrontierPoint.selection`) for every instance."""
+        model = self._model()
+        if len(selection) != len(model.options):
+            raise AnalysisError(
+                f"plan_of: expected one option index per segment instance "
+                f"({len(model.options)}), found {len(selection)}"
+            )
+        for n, index in enumerate(selection):
+            if not 0 <= index < len(model.options[n]):
+                raise AnalysisError(
+                    f"plan_of: instance {n} ({model.labels[n]}) has options "
+                    f"0..{len(model.options[n]) - 1}, found {index}"
+                )
+        return self._plan(source, tuple(int(i) for i in selection), None)
+
     def baseline(self, name: str) -> Plan:
         """A template plan (`dp`, `megatron`, `fsdp`), priced by the same cost model; `fsdp`
         by compiling the whole step (its parameter layouts are not a block configuration).
