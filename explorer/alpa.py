@@ -23,8 +23,9 @@ Graph, without ParallelBlocks:
 3. **ILP.** One-hot choice variables per group of ops sharing a choice, and per edge between
    two groups one variable per pair of (producer layout class, consumer layout class) whose
    margins equal the two groups' choices: the quadratic edge term linearised exactly. With a
-   memory budget, one constraint per program point where the live set is maximal: the
-   per-device bytes of the values alive there. Solved by HiGHS (`scipy.optimize.milp`).
+   memory budget, Alpa's liveness constraint: at every program point where the live set is
+   maximal, the per-device bytes of the values alive there stay within it (written as a
+   running sum, so each value enters two rows). Solved by HiGHS (`scipy.optimize.milp`).
 """
 
 from __future__ import annotations
@@ -590,7 +591,7 @@ class AlpaSolution:
     problem: AlpaProblem
 
     def __post_init__(self) -> None:
-        if self.memory_budget is not None and self.memory > self.memory_budget * (1 + 1e-9):
+        if self.memory_budget is not None and self.memory > self.memory_budget * (1 + 1e-6):
             raise ValueError(f"plan memory {self.memory} exceeds its budget {self.memory_budget}")
 
     def layout_map(self) -> dict[int, DimAxes]:
@@ -762,13 +763,15 @@ class _Builder:
             dtype=np.int64,
         )
 
-    def live_points(self) -> list[dict[int, Any]]:
-        """Per-device bytes by group at each program point whose live set is maximal.
+    def live_deltas(self) -> list[dict[int, Any]]:
+        """At each program point whose live set is maximal, the per-device bytes by group
+        that became live (positive) or died (negative) since the previous such point.
 
         Step inputs live throughout (a jitted step does not donate them); an op's result lives
         from the op to its last reader, or to the end for a step result. A point where nothing
         dies is dominated by the next one, and a point where nothing was born since the last
-        point kept is dominated by that one: both are skipped.
+        point kept is dominated by that one: both are skipped. Differences rather than live
+        sets keep the memory rows linear in the graph: each value enters two of them.
         """
         graph = self.graph
         results = set(graph.outputs)
@@ -781,13 +784,13 @@ class _Builder:
         dying: dict[int, list[int]] = {}
         for vid, at in last.items():
             dying.setdefault(at, []).append(vid)
-        live: dict[int, Any] = {}
+        pending: dict[int, Any] = {}
 
         def add(vid: int, sign: int) -> None:
             group = self.nodes[self.producer[vid][0]].group
-            current = live.get(group)
+            current = pending.get(group)
             delta = sign * self.value_bytes(vid)
-            live[group] = delta if current is None else current + delta
+            pending[group] = delta if current is None else current + delta
 
         for vid in graph.inputs:
             if vid in self.producer:
@@ -800,20 +803,22 @@ class _Builder:
                     add(vid, 1)
                     born = True
             if op.id in dying and born:
-                points.append({g: v.copy() for g, v in live.items() if v.any()})
+                points.append({g: v for g, v in pending.items() if v.any()})
+                pending = {}
                 born = False
             for vid in dying.get(op.id, ()):
                 add(vid, -1)
         if born or not points:
-            points.append({g: v.copy() for g, v in live.items() if v.any()})
+            points.append({g: v for g, v in pending.items() if v.any()})
         return points
 
     def peak(self, choice: Sequence[int]) -> int:
         """Peak per-device bytes over every program point under `choice` (a strategy per
         group)."""
-        best = 0
-        for point in self.live_points():
-            best = max(best, int(sum(int(v[choice[g]]) for g, v in point.items())))
+        best = live = 0
+        for delta in self.live_deltas():
+            live += int(sum(int(v[choice[g]]) for g, v in delta.items()))
+            best = max(best, live)
         return best
 
     def objective(self, choice: Sequence[int]) -> float:
@@ -843,7 +848,7 @@ class _Ilp:
     upper: list[float]
     var_of_group: dict[int, int]  # first variable of each free group
     memory_rows: int = 0
-    peak_variable: bool = False  # the last variable is the peak memory (unbounded above)
+    var_upper: Any = None  # upper bound of each variable (binary and edge ones: 1)
 
     def add_row(self, entries: Iterable[tuple[int, float]], low: float, high: float) -> int:
         row = len(self.lower)
@@ -893,36 +898,41 @@ def _formulate(builder: _Builder, budget: float | None, minimise_memory: bool = 
             members = [var_of_group[h] + k for k in np.flatnonzero(col_of == j)]
             margin = [(first + i * n_cols + j, 1.0) for i in range(n_rows)]
             ilp.add_row(margin + [(m, -1.0) for m in members], 0.0, 0.0)
-    peak_var = None
-    if minimise_memory:
-        peak_var = len(costs)
-        costs = [0.0] * len(costs) + [1.0]
-        ilp.peak_variable = True
+    upper = [1.0] * len(costs)
     if budget is not None or minimise_memory:
-        points = builder.live_points()
-        # bytes run to 1e9 and more: rows are scaled by the largest possible peak
-        scale = max(sum(float(v.max()) for v in p.values()) for p in points) or 1.0
-        for point in points:
+        # live bytes at point t: P[t] = P[t-1] + what became live - what died in between
+        deltas = builder.live_deltas()
+        # bytes run to 1e9 and more: rows are in units of the budget (or of the leanest
+        # choice's peak, an upper bound of the least) so HiGHS's tolerances stay relative
+        scale = float(budget) if budget is not None else float(_leanest_peak(builder))
+        scale = max(scale, 1.0)
+        first_point = len(costs)
+        costs += [0.0] * len(deltas)
+        upper += [budget / scale if budget is not None else np.inf] * len(deltas)
+        for t, delta in enumerate(deltas):
             fixed = 0.0
-            entries: list[tuple[int, float]] = []
-            for g, values in point.items():
+            entries: list[tuple[int, float]] = [(first_point + t, 1.0)]
+            if t:
+                entries.append((first_point + t - 1, -1.0))
+            for g, values in delta.items():
                 if sizes[g] == 1:
                     fixed += float(values[0]) / scale
                 else:
-                    entries += [
-                        (var_of_group[g] + k, float(v) / scale) for k, v in enumerate(values) if v
-                    ]
-            if peak_var is not None:
-                entries.append((peak_var, -1.0))
-                ilp.add_row(entries, -np.inf, -fixed)
-            else:
-                assert budget is not None
-                ilp.add_row(entries, -np.inf, budget / scale - fixed)
+                    start = var_of_group[g]
+                    entries += [(start + k, -float(v) / scale) for k, v in enumerate(values) if v]
+            ilp.add_row(entries, fixed, fixed)
             ilp.memory_rows += 1
+        if minimise_memory:  # minimise the largest P[t]
+            peak = len(costs)
+            costs = [0.0] * len(costs) + [1.0]
+            upper.append(np.inf)
+            for t in range(len(deltas)):
+                ilp.add_row([(first_point + t, 1.0), (peak, -1.0)], -np.inf, 0.0)
     integrality = np.zeros(len(costs))
     integrality[:integer] = 1
     ilp.c = np.array(costs)
     ilp.integrality = integrality
+    ilp.var_upper = np.array(upper)
     return ilp
 
 
@@ -932,9 +942,7 @@ def _run_highs(ilp: _Ilp, time_limit: float) -> Any:
 
     n = len(ilp.c)
     matrix = csr_array((ilp.vals, (ilp.rows, ilp.cols)), shape=(len(ilp.lower), n))
-    upper = np.ones(n)
-    if ilp.peak_variable:
-        upper[-1] = np.inf
+    upper = ilp.var_upper if ilp.var_upper is not None else np.ones(n)
     scale = float(np.abs(ilp.c).max()) if n else 0.0
     # HiGHS's tolerances are absolute: costs of microseconds would all look like zero
     c = ilp.c * (1e3 / scale) if scale > 0 else ilp.c
@@ -944,7 +952,8 @@ def _run_highs(ilp: _Ilp, time_limit: float) -> Any:
         integrality=ilp.integrality,
         bounds=Bounds(np.zeros(n), upper),
         constraints=constraints,
-        options={"time_limit": max(time_limit, 1e-3), "disp": False},
+        # a tight gap: strategies often differ by one collective's latency in thousands
+        options={"time_limit": max(time_limit, 1e-3), "disp": False, "mip_rel_gap": 1e-6},
     )
 
 
@@ -1072,7 +1081,11 @@ def _least_memory(builder: _Builder, time_limit: float) -> int:
     result = _run_highs(ilp, time_limit)
     if result.x is not None:
         return builder.peak(_decode(builder, ilp, result.x))
-    # out of time: the leanest strategy of every group on its own bounds the least from above
+    return _leanest_peak(builder)  # out of time: an upper bound of the least
+
+
+def _leanest_peak(builder: _Builder) -> int:
+    """Peak under the leanest strategy of every group on its own (fewest bytes in all)."""
     total = [np.zeros(k, dtype=np.int64) for k in builder.sizes]
     for vid, (node, _) in builder.producer.items():
         total[builder.nodes[node].group] += builder.value_bytes(vid)
@@ -1100,7 +1113,7 @@ def _solution(
         if node.op is not None and builder.model.kind(graph.ops[node.op])[0] == "dot":
             names.append((node.op, strategy.name))
             for position, wanted in enumerate(strategy.operands):
-                if wanted is not None and any(wanted):
+                if wanted is not None:
                     operands.append((node.op, position, wanted))
     return AlpaSolution(
         objective=builder.objective(choice),
