@@ -83,6 +83,24 @@ def mesh_shapes(devices: int) -> list[tuple[int, ...]]:
     return shapes
 
 
+def excluded_notes(analysis: Analysis) -> list[str]:
+    """Why strategies were left out (a mesh axis that does not divide a dim), per block."""
+    notes = []
+    for block in analysis.blocks:
+        if block.excluded:
+            reasons = "; ".join(sorted({e.reason for e in block.excluded}))
+            notes.append(
+                f"block {block.index} ({html.escape(block.scope)}): "
+                f"{len(block.excluded)} strategies excluded on mesh {analysis.mesh}: "
+                f"{html.escape(reasons)}"
+            )
+    if len(notes) > 6:
+        notes = [*notes[:6], f"... and {len(notes) - 6} more blocks"]
+    if notes:
+        notes.insert(0, "<b>The mesh does not divide some of the model's dims.</b>")
+    return ["<br>".join(notes)] if notes else []
+
+
 class Explorer(widgets.VBox):
     """The plan explorer for one model zoo step; `display(Explorer())` in a notebook."""
 
@@ -115,6 +133,8 @@ class Explorer(widgets.VBox):
         self._symbolic: Symbolic = Symbolic({}, "")
         self._bars_base: dict[int, BarsData] = {}  # per segment type, for the current analysis
         self._syncing = False  # set while the app itself moves a control
+        self._notes: list[str] = []  # warnings about the current run, shown until the next
+        self._last: tuple[str, str] = ("", "error")
         self.timings: list[float] = []  # seconds of kernel-side work per re-solve
 
         from explorer.platforms import list_platforms
@@ -181,7 +201,9 @@ class Explorer(widgets.VBox):
         self.export_w.add_class("explorer-export")
         self.download_w = widgets.HTML("")
 
-        self.graph = GraphView(self.layouts, self._guard(self.select_segment_and_expand))
+        self.graph = GraphView(
+            self.layouts, self._guard(self.select_segment_and_expand, "expanding a segment")
+        )
         self.bars = BarsView()
         self.frontier = FrontierView()
 
@@ -251,6 +273,7 @@ class Explorer(widgets.VBox):
         except Exception as err:
             self._error("settings", err)
             return None
+        self._notes = []
         self._say("")
         self.run_w.disabled = True
         self.progress_w.value, self.progress_w.max, self.progress_w.bar_style = 0, 1, "info"
@@ -395,6 +418,7 @@ class Explorer(widgets.VBox):
             if only is not None:
                 only, accepted = counting(only)
             with self._lock:
+                self._note(excluded_notes(shape))
                 self._adopt(shape, settings)
             self.progress_label.value = f"profiling up to {total} programs..."
             stop = threading.Event()
@@ -637,12 +661,16 @@ class Explorer(widgets.VBox):
         self.pin_strategy_w.options = [s.name for s in analysis.blocks[block].strategies]
 
     def _wire(self) -> None:
-        def on(widget: Any, handler: Callable[[Any], None], name: str = "value") -> None:
+        def on(widget: Any, handler: Callable[[Any], None]) -> None:
             def observer(change: dict[str, Any]) -> None:
                 if not self._syncing:
                     handler(change["new"])
 
-            widget.observe(self._guard(observer), names=name)
+            where = f"{(widget.description or type(widget).__name__).split(' (')[0]} change"
+            widget.observe(self._guard(observer, where), names="value")
+
+        def click(button: Any, handler: Callable[[], Any]) -> None:
+            button.on_click(self._guard(lambda _: handler(), button.description))
 
         on(self.model_w, lambda m: setattr(self.preset_w, "options", presets(m)))
         on(self.devices_w, self._mesh_options)
@@ -652,12 +680,12 @@ class Explorer(widgets.VBox):
         on(self.level_w, self.set_level)
         on(self.roles_w, self.set_roles)
         on(self.pin_block_w, lambda _: self._pin_strategies())
-        self.run_w.on_click(self._guard(lambda _: self.run()))
-        self.fastest_w.on_click(self._guard(lambda _: self._fastest()))
-        self.pin_w.on_click(self._guard(lambda _: self._pin_clicked()))
-        self.unpin_w.on_click(self._guard(lambda _: self.clear_pins()))
-        self.baselines_w.on_click(self._guard(lambda _: self.compute_baselines()))
-        self.export_w.on_click(self._guard(lambda _: self.export()))
+        click(self.run_w, self.run)
+        click(self.fastest_w, self._fastest)
+        click(self.pin_w, self._pin_clicked)
+        click(self.unpin_w, self.clear_pins)
+        click(self.baselines_w, self.compute_baselines)
+        click(self.export_w, self.export)
 
     def _segment_chosen(self, instance: int | None) -> None:
         if instance is not None:
@@ -686,7 +714,7 @@ class Explorer(widgets.VBox):
 
     # -- messages -----------------------------------------------------------------------------
 
-    def _guard(self, fn: Callable[P, R]) -> Callable[P, R | None]:
+    def _guard(self, fn: Callable[P, R], where: str) -> Callable[P, R | None]:
         """Run a callback; show its error in the message area instead of losing it."""
 
         @functools.wraps(fn)
@@ -694,7 +722,7 @@ class Explorer(widgets.VBox):
             try:
                 return fn(*args, **kwargs)
             except Exception as err:
-                self._error(getattr(fn, "__name__", "callback"), err)
+                self._error(where, err)
                 return None
 
         return guarded
@@ -715,11 +743,17 @@ class Explorer(widgets.VBox):
         self._say(body, "error")
 
     def _say(self, body: str, kind: str = "error") -> None:
-        if not body:
-            self.message_w.value = ""
-            return
-        colour = {"error": "#B00020", "info": "#0B5394"}[kind]
-        self.message_w.value = (
-            f"<div class='explorer-{kind}' style='border-left:4px solid {colour};"
-            f"padding:4px 8px;color:{colour}'>{body}</div>"
+        """Show `body` (HTML) in the message area, after the run's standing notes."""
+        self._last = (body, kind)
+        colours = {"error": "#B00020", "info": "#0B5394", "warning": "#8A5A00"}
+        parts = [(note, "warning") for note in self._notes] + ([(body, kind)] if body else [])
+        self.message_w.value = "".join(
+            f"<div class='explorer-{k}' style='border-left:4px solid {colours[k]};"
+            f"padding:4px 8px;margin:2px 0;color:{colours[k]}'>{b}</div>"
+            for b, k in parts
         )
+
+    def _note(self, notes: list[str]) -> None:
+        """Standing notes about the current run (kept above later messages)."""
+        self._notes = notes
+        self._say(*self._last)

@@ -38,7 +38,7 @@ class Symbolic:
 def symbolic_costs(analysis: Analysis) -> Symbolic:
     """Read `explorer.alpa.symbolic_config_costs(analysis)` if that module exists."""
     try:
-        from explorer.alpa import symbolic_config_costs  # type: ignore[import-not-found,unused-ignore]
+        from explorer.alpa import symbolic_config_costs
     except ImportError:
         return Symbolic({}, ALPA_MISSING)
     try:
