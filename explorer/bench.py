@@ -152,6 +152,7 @@ class Run:
     quality: list[dict[str, Any]] = field(default_factory=list)
     overhead: list[dict[str, Any]] = field(default_factory=list)
     slider: list[dict[str, Any]] = field(default_factory=list)
+    symbolic: list[dict[str, Any]] = field(default_factory=list)  # the paper's Fig. 9
     failures: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -235,6 +236,8 @@ def _accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int
     step, args = _step(case)
     if backend == "measured":  # real arrays for the timed runs
         step, args = _step(Case(case.model, case.preset, case.mesh, case.batch, case.layers, False))
+    if backend == "compiled" and not run.symbolic:
+        _symbolic_vs_profiled(run, case, analysis)
     model = analysis.cost_model
     rng = random.Random(0)
     selections: list[tuple[str, tuple[int, ...]]] = []
@@ -279,6 +282,58 @@ def _accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int
         f"   {case.label} ({backend}): {len(selections)} plans, "
         f"{analysis.program_count} programs, {time.perf_counter() - start:.0f} s"
     )
+
+
+def _symbolic_vs_profiled(run: Run, case: Case, analysis: Any) -> None:
+    """Fig. 9 of the paper: the Alpa-style symbolic cost of every configuration of every
+    unique segment beside its profiled time."""
+    try:
+        from explorer.alpa import symbolic_config_costs
+
+        symbolic = symbolic_config_costs(analysis)
+    except Exception as err:
+        run.failed(f"symbolic costs {case.label}", err)
+        return
+    profiles = analysis.profiles
+    profiled = profiles[(profiles["kind"] == "segment") & (profiles["status"] == "ok")]
+    joined = profiled.merge(symbolic, on=["segment", "config"])
+    for row in joined.to_dict("records"):
+        run.symbolic.append(
+            {
+                "case": case.label,
+                "segment": row["label"],
+                "config": row["config"],
+                "profiled_s": row["t_total"],
+                "profiled_comm_s": row["t_comm"],
+                "symbolic_s": row["symbolic_cost"],
+            }
+        )
+
+
+def _rank_agreement(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per segment: Spearman correlation of symbolic and profiled cost, and whether the
+    symbolic cost's favourite is the profiled favourite."""
+    rows = []
+    for (case, segment), group in frame.groupby(["case", "segment"], sort=False):
+        if len(group) < 3:
+            continue
+        profiled = group["profiled_s"].rank()
+        symbolic = group["symbolic_s"].rank()
+        records = group.to_dict("records")
+        best = min(records, key=lambda r: r["profiled_s"])
+        picked = min(records, key=lambda r: r["symbolic_s"])
+        rows.append(
+            {
+                "case": case,
+                "segment": segment,
+                "configurations": len(group),
+                "Spearman (symbolic vs profiled)": float(profiled.corr(symbolic)),
+                "profiled best": best["config"],
+                "symbolic best": picked["config"],
+                "symbolic pick / profiled best": picked["profiled_s"] / best["profiled_s"],
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _spread(n: int, k: int) -> list[int]:
@@ -619,6 +674,22 @@ def _plots(run: Run) -> list[tuple[str, str]]:
         fig.savefig(run.out / "accuracy.png", dpi=110)
         plt.close(fig)
         made.append(("Prediction against whole-step truth", "accuracy.png"))
+    if run.symbolic:
+        frame = pd.DataFrame(run.symbolic)
+        frame = frame[frame["segment"] == frame["segment"].mode()[0]]  # the repeated layer
+        frame = frame.sort_values("profiled_s").reset_index(drop=True)
+        fig, ax = plt.subplots(figsize=(8, 3.5))
+        ax.bar(frame.index, 1e3 * frame["profiled_s"], color="#0072B2", label="profiled (ms)")
+        ax.set_ylabel("profiled time, ms")
+        ax.set_xlabel(f"configurations of {frame['segment'].iloc[0]}, by profiled time")
+        twin = ax.twinx()
+        twin.plot(frame.index, frame["symbolic_s"], "o", color="#D55E00", markersize=3)
+        twin.set_ylabel("Alpa-style symbolic cost", color="#D55E00")
+        ax.set_title(f"Symbolic against profiled cost ({frame['case'].iloc[0]})")
+        fig.tight_layout()
+        fig.savefig(run.out / "symbolic.png", dpi=110)
+        plt.close(fig)
+        made.append(("Symbolic against profiled cost (Fig. 9)", "symbolic.png"))
     summary = quality_summary(pd.DataFrame(run.quality)) if run.quality else pd.DataFrame()
     if not summary.empty:
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -677,6 +748,7 @@ def write_report(run: Run, total_seconds: float, readme: Path | None = None) -> 
         "quality": pd.DataFrame(run.quality),
         "overhead": pd.DataFrame(run.overhead),
         "slider": pd.DataFrame(run.slider),
+        "symbolic": pd.DataFrame(run.symbolic),
     }
     for name, frame in tables.items():
         frame.to_csv(run.out / f"{name}.csv", index=False)
@@ -719,6 +791,13 @@ def _sections(run: Run, tables: dict[str, pd.DataFrame]) -> str:
     )
     accuracy = tables["accuracy"]
     out.append(_markdown(_accuracy_table(accuracy)) if not accuracy.empty else "_(none)_\n")
+    if not tables["symbolic"].empty:
+        out.append(
+            "The paper's Fig. 9 view: for every configuration of every unique segment, the "
+            "Alpa-style symbolic communication cost against the profiled time (plot "
+            "`symbolic.png`, rows in `symbolic.csv`).\n"
+        )
+        out.append(_markdown(_rank_agreement(tables["symbolic"])))
     out.append("## 2. Plan quality\n")
     out.append(
         "Evaluated time of each baseline over the CFP plan's (> 1: the CFP plan is faster; "

@@ -42,6 +42,11 @@ def test_accuracy_rows_compare_real_predictions_with_whole_step_truth(tmp_path: 
     expected = (frame["predicted_s"] - frame["evaluated_s"]) / frame["evaluated_s"]
     assert list(frame["time_error"]) == pytest.approx(list(expected))
 
+    # Fig. 9 rows: every profiled configuration of every unique segment, priced symbolically
+    symbolic = pd.DataFrame(run.symbolic)
+    assert symbolic.groupby("segment").size().max() == 81  # the GPT layer: 3**4
+    assert (symbolic["symbolic_s"] >= 0).all() and (symbolic["profiled_s"] > 0).all()
+
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{README_START}\nold\n{README_END}\n\ntail\n")
     report = write_report(run, 12.0, readme)
@@ -49,6 +54,8 @@ def test_accuracy_rows_compare_real_predictions_with_whole_step_truth(tmp_path: 
     assert "gpt-tiny 4" in text and "median |err|" in text
     assert (run.out / "accuracy.csv").read_text().count("\n") == 5  # header + 4 rows
     assert (run.out / "accuracy.png").stat().st_size > 1000
+    assert (run.out / "symbolic.png").stat().st_size > 1000
+    assert "Spearman" in text
     updated = readme.read_text()
     assert "old" not in updated and "tail" in updated and "gpt-tiny 4" in updated
 
