@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from explorer.baselines import BASELINES
     from explorer.pipeline import analyze
     from explorer.plan import evaluate
 
@@ -94,12 +95,13 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
     print(f"chosen: {chosen.summary()}")
     print(f"{'plan':10} {'predicted ms':>12} {'evaluated ms':>12} {'memory GiB':>10}")
-    for name, plan in [("cfp", chosen)] + [(b, analysis.baseline(b)) for b in ("dp", "megatron")]:
-        truth = evaluate(plan, step, *example)
-        print(
-            f"{name:10} {1e3 * plan.time:12.4f} {1e3 * truth.time:12.4f} "
-            f"{plan.memory / 2**30:10.3f}"
-        )
+    print(_row("cfp", chosen, evaluate(chosen, step, *example)))
+    for name in BASELINES:  # fsdp and alpa are priced by evaluation: predicted = evaluated
+        try:
+            plan = analysis.baseline(name)
+            print(_row(name, plan, evaluate(plan, step, *example)))
+        except ExplorerError as err:  # one failed baseline does not hide the others
+            print(f"{name:10} failed: {err}")
     if args.out:
         print(f"wrote {chosen.save(args.out)}")
     print(f"analysis took {time.perf_counter() - start:.2f} s")
@@ -126,6 +128,10 @@ def _bench(args: argparse.Namespace) -> int:
     )
     print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0
+
+
+def _row(name: str, plan: Any, truth: Any) -> str:
+    return f"{name:10} {1e3 * plan.time:12.4f} {1e3 * truth.time:12.4f} {plan.memory / 2**30:10.3f}"
 
 
 def _bytes(text: str) -> float:
