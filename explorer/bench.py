@@ -290,13 +290,13 @@ def _symbolic_vs_profiled(run: Run, case: Case, analysis: Any) -> None:
     try:
         from explorer.alpa import symbolic_config_costs
 
-        symbolic = symbolic_config_costs(analysis)
+        symbolic = symbolic_config_costs(analysis)[["segment", "config", "symbolic_cost"]]
+        profiles = analysis.profiles
+        profiled = profiles[(profiles["kind"] == "segment") & (profiles["status"] == "ok")]
+        joined = profiled.merge(symbolic, on=["segment", "config"])
     except Exception as err:
         run.failed(f"symbolic costs {case.label}", err)
         return
-    profiles = analysis.profiles
-    profiled = profiles[(profiles["kind"] == "segment") & (profiles["status"] == "ok")]
-    joined = profiled.merge(symbolic, on=["segment", "config"])
     for row in joined.to_dict("records"):
         run.symbolic.append(
             {
