@@ -110,11 +110,11 @@ def full_settings() -> Settings:
         for m in models
         for mesh in ((4,), (8,), (2, 4))
     )
-    tiny = [
+    tiny = [  # the most varied cases first: a run stopped early still covers every model
         Case(m, "tiny", mesh, batch)
-        for m in models
-        for mesh in ((4,), (8,), (2, 4), (4, 2))
         for batch in (None, 32)
+        for mesh in ((2, 4), (8,), (4, 2), (4,))
+        for m in models
     ]
     paper = [
         Case("gpt", "gpt_2_6b", (8,)),
@@ -155,6 +155,11 @@ class Run:
     symbolic: list[dict[str, Any]] = field(default_factory=list)  # the paper's Fig. 9
     failures: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def checkpoint(self) -> None:
+        """Write the report so far (after each case of a long section)."""
+        write_report(self, time.perf_counter() - self.started)
 
     @contextmanager
     def section(self, name: str) -> Iterator[None]:
@@ -282,6 +287,7 @@ def _accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int
         f"   {case.label} ({backend}): {len(selections)} plans, "
         f"{analysis.program_count} programs, {time.perf_counter() - start:.0f} s"
     )
+    run.checkpoint()
 
 
 def _symbolic_vs_profiled(run: Run, case: Case, analysis: Any) -> None:
@@ -408,6 +414,7 @@ def quality(run: Run) -> None:
                     }
                 )
         run.log(f"   {case.label}: {time.perf_counter() - start:.0f} s")
+        run.checkpoint()
 
 
 def _layout_key(plan: Any) -> str:
@@ -893,7 +900,7 @@ def run_bench(
     with tempfile.TemporaryDirectory() as scratch:
         # a cold profile cache unless one is given: the run's times include profiling
         run = Run(settings, out, cache or Path(scratch) / "bench.sqlite", log)
-        start = time.perf_counter()
+        start = run.started
         for name, measure in steps.items():
             if name in sections:
                 with run.section(name):
