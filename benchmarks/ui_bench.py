@@ -1,0 +1,67 @@
+"""Kernel-side latency of one memory-budget slider step in the notebook explorer.
+
+Tiny GPT at 48 layers on mesh 4, the whole configuration space profiled (106 programs, the
+same as at 2 layers: a warm cache makes this cheap after the first run). Each step sets the
+slider widget's value, as a drag does: the observer, the frontier lookup, the plan summary,
+the graph restyle, the bars' highlight and the frontier marker. Run:
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/ui_bench.py [layers]
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+from explorer.ui import Explorer
+
+CACHE = os.environ.get("EXPLORER_CACHE", "~/.cache/explorer/profiles.sqlite")
+STEPS = 200
+
+
+def main() -> None:
+    layers = int(sys.argv[1]) if len(sys.argv) > 1 else 48
+    app = Explorer("gpt", "tiny", layers=layers, mesh=(4,), cache=CACHE)
+    start = time.perf_counter()
+    app.run()
+    analysis = app.wait()
+    assert analysis is not None and app.choice is not None, app.message
+    print(f"analyze (profiles from {CACHE}): {time.perf_counter() - start:.1f} s")
+    print(app.progress_label.value)
+    frontier = analysis.frontier
+    print(
+        f"{len(analysis.segments.instances)} segment instances, {len(analysis.blocks)} blocks, "
+        f"{len(frontier.points)} frontier plans"
+    )
+    rng = random.Random(0)
+    low, high = app.budget_w.min, app.budget_w.max
+    app.timings.clear()
+    walls = []
+    changed = 0
+    for _ in range(STEPS):
+        before = app.summary
+        start = time.perf_counter()
+        app.budget_w.value = rng.uniform(low, high)  # MiB, as the slider sends it
+        walls.append(time.perf_counter() - start)
+        changed += app.summary != before
+    for name, samples in (("re-solve and views", app.timings), ("slider observer", walls)):
+        ordered = sorted(samples)
+        p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+        print(
+            f"{name}: {len(ordered)} steps, p50 {1e3 * statistics.median(ordered):.2f} ms, "
+            f"p95 {1e3 * p95:.2f} ms, max {1e3 * ordered[-1]:.2f} ms"
+        )
+    print(f"{changed} of {STEPS} steps changed the plan summary")
+    start = time.perf_counter()
+    plan = app.plan
+    assert plan is not None or "No plan" in app.summary
+    print(f"the last step's Plan document, built on demand: {time.perf_counter() - start:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
