@@ -58,6 +58,7 @@ PRESET_NAMES = (
     "tiny", "small", "gpt_2_6b", "gpt_6_7b", "llama_7b", "moe_7_1b", "bert_large",
 )  # fmt: skip
 SLIDER_STEPS = 100
+AUTO = {"width": "auto", "flex": "0 0 auto"}  # buttons keep their label's width
 
 
 def presets(model: str) -> list[str]:
@@ -168,7 +169,7 @@ class Explorer(widgets.VBox):
             value=quick, description="quick look (paired strategies only)", indent=False
         )
         self.run_w = widgets.Button(
-            description="Profile and solve", button_style="primary", icon="play"
+            description="Profile and solve", button_style="primary", icon="play", layout=AUTO
         )
         self.progress_w = widgets.IntProgress(value=0, min=0, max=1, description="profiling")
         self.progress_label = widgets.Label("")
@@ -182,7 +183,9 @@ class Explorer(widgets.VBox):
             layout={"width": "640px"},
         )  # fmt: skip
         self.budget_w.add_class("explorer-budget")
-        self.fastest_w = widgets.Button(description="no budget (fastest)", disabled=True)
+        self.fastest_w = widgets.Button(
+            description="no budget (fastest)", disabled=True, layout=AUTO
+        )
         self.uniform_w = widgets.Checkbox(
             value=False, description="one configuration per segment type", indent=False
         )
@@ -191,13 +194,17 @@ class Explorer(widgets.VBox):
         self.roles_w = widgets.ToggleButtons(options=list(ROLE_FILTERS), value="all")
         self.pin_block_w = widgets.Dropdown(description="pin block", options=[], style=style)
         self.pin_strategy_w = widgets.Dropdown(description="strategy", options=[])
-        self.pin_w = widgets.Button(description="Pin and re-solve", icon="thumb-tack")
+        self.pin_w = widgets.Button(description="Pin and re-solve", icon="thumb-tack", layout=AUTO)
         self.unpin_w = widgets.Button(description="Clear pins")
         self.pins_label = widgets.HTML("no pins")
-        self.baselines_w = widgets.Button(description="Compute baselines", icon="table")
+        self.baselines_w = widgets.Button(
+            description="Compute baselines", icon="table", layout=AUTO
+        )
         self.baseline_table = widgets.HTML("")
         self.export_path_w = widgets.Text(value=str(export_path), description="export to")
-        self.export_w = widgets.Button(description="Export plan", icon="download", disabled=True)
+        self.export_w = widgets.Button(
+            description="Export plan", icon="download", disabled=True, layout=AUTO
+        )
         self.export_w.add_class("explorer-export")
         self.download_w = widgets.HTML("")
 
@@ -504,6 +511,10 @@ class Explorer(widgets.VBox):
             self.pin_block_w.options = [
                 (f"{b.index}: {b.scope}", b.index) for b in analysis.blocks if b.strategies
             ]
+            selected = analysis.segments.instances[s.selected].blocks
+            pinnable = [b.index for b in analysis.blocks if b.strategies]
+            if pinnable:
+                self.pin_block_w.value = selected[0] if selected else pinnable[0]
             self._pin_strategies()
             profiled = analysis.profile_table is not None
             self.budget_w.disabled = not profiled
@@ -658,7 +669,10 @@ class Explorer(widgets.VBox):
         if analysis is None or block is None:
             self.pin_strategy_w.options = []
             return
-        self.pin_strategy_w.options = [s.name for s in analysis.blocks[block].strategies]
+        names = [s.name for s in analysis.blocks[block].strategies]
+        self.pin_strategy_w.options = names
+        if names:
+            self.pin_strategy_w.value = names[0]
 
     def _wire(self) -> None:
         def on(widget: Any, handler: Callable[[Any], None]) -> None:

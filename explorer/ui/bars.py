@@ -150,12 +150,13 @@ class BarsView:
             ],
             layout=go.Layout(
                 barmode="stack",
-                height=340,
-                margin={"l": 50, "r": 50, "t": 40, "b": 80},
+                height=360,
+                width=610,
+                margin={"l": 50, "r": 50, "t": 80, "b": 80},
                 yaxis={"title": {"text": "time (ms)"}},
                 yaxis2={"title": {"text": "memory (MiB)"}, "overlaying": "y", "side": "right"},
                 xaxis={"tickangle": -60, "tickfont": {"size": 8}},
-                legend={"orientation": "h", "y": 1.12},
+                legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
                 template="plotly_white",
             ),
         )
@@ -212,6 +213,7 @@ class BarsView:
                     else "select a segment"
                 ),
                 "font": {"size": 12},
+                "y": 0.98,
             }
 
 

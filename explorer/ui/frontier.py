@@ -69,11 +69,12 @@ class FrontierView:
                 ),
             ],
             layout=go.Layout(
-                height=300,
-                margin={"l": 50, "r": 10, "t": 40, "b": 40},
+                height=360,
+                width=430,
+                margin={"l": 50, "r": 10, "t": 80, "b": 50},
                 xaxis={"title": {"text": "memory per device (MiB)"}},
                 yaxis={"title": {"text": "time per step (ms)"}},
-                legend={"orientation": "h", "y": 1.15},
+                legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
                 template="plotly_white",
             ),
         )
@@ -111,4 +112,5 @@ class FrontierView:
                 "text": f"{len(data.time_ms)} Pareto-optimal plans"
                 + (f" ({data.note})" if data.note else ""),
                 "font": {"size": 12},
+                "y": 0.98,
             }
