@@ -622,16 +622,17 @@ def _accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
         err = group["time_error"].dropna()
         mem = group["memory_error"].dropna()
         mem9 = group["memory_error_eq9"].dropna()
+        worst = float(err.iloc[int(err.abs().to_numpy().argmax())]) if len(err) else math.nan
         rows.append(
             {
                 "case": case,
                 "backend": backend,
                 "plans": len(group),
-                "time: median |err|": f"{100 * err.abs().median():.1f}%",
-                "time: RMSE": f"{100 * math.sqrt((err**2).mean()):.1f}%",
-                "time: worst": f"{100 * float(err.iloc[int(err.abs().to_numpy().argmax())]):+.1f}%",
-                "memory: median |err|": f"{100 * mem.abs().median():.1f}%",
-                "memory (Eq. 9): median |err|": f"{100 * mem9.abs().median():.1f}%",
+                "time: median abs. error": f"{100 * err.abs().median():.1f}%",
+                "time: RMS error": f"{100 * math.sqrt((err**2).mean()):.1f}%",
+                "time: worst error": f"{100 * worst:+.1f}%",
+                "memory: median abs. error": f"{100 * mem.abs().median():.1f}%",
+                "memory (Eq. 9): median abs. error": f"{100 * mem9.abs().median():.1f}%",
             }
         )
     return pd.DataFrame(rows)
@@ -641,7 +642,7 @@ def _markdown(frame: pd.DataFrame) -> str:
     if frame.empty:
         return "_(no rows)_\n"
     columns = [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(map(_cell, columns)) + " |", "|" + "---|" * len(columns)]
     for record in frame.to_dict("records"):
         lines.append("| " + " | ".join(_cell(record[c]) for c in frame.columns) + " |")
     return "\n".join(lines) + "\n"
@@ -650,7 +651,7 @@ def _markdown(frame: pd.DataFrame) -> str:
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.4g}"
-    return str(value)
+    return str(value).replace("|", "\\|")  # a bar would end the Markdown cell
 
 
 def _plots(run: Run) -> list[tuple[str, str]]:

@@ -51,7 +51,7 @@ def test_accuracy_rows_compare_real_predictions_with_whole_step_truth(tmp_path: 
     readme.write_text(f"# x\n\n{README_START}\nold\n{README_END}\n\ntail\n")
     report = write_report(run, 12.0, readme)
     text = report.read_text()
-    assert "gpt-tiny 4" in text and "median |err|" in text
+    assert "gpt-tiny 4" in text and "median abs. error" in text
     assert (run.out / "accuracy.csv").read_text().count("\n") == 5  # header + 4 rows
     assert (run.out / "accuracy.png").stat().st_size > 1000
     assert (run.out / "symbolic.png").stat().st_size > 1000
