@@ -13,6 +13,7 @@ the plan and prices it on the plan's platform: the ground truth predictions are 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -77,12 +78,14 @@ class Plan:
         return tuple(b["strategy"] for b in self.document["blocks"])
 
     def save(self, path: str | Path) -> Path:
+        _validate(self.document, "<plan to save>")
         target = Path(path).expanduser()
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(self.document, indent=1, sort_keys=True) + "\n")
         return target
 
     def to_json(self) -> str:
+        _validate(self.document, "<plan to export>")
         return json.dumps(self.document, indent=1, sort_keys=True)
 
     def summary(self) -> str:
@@ -274,7 +277,9 @@ def _finish(
         "versions": {"explorer": __version__, "jax": jax.__version__},
         **(extra or {}),
     }
-    _validate(document, "<new plan>")
+    # Not validated here: the solver builds one per slider step, and validating a plan of a
+    # 48-layer model takes a second. What leaves the process (save, to_json) and what comes
+    # in (load_plan) is validated.
     if budget is not None and memory > budget:
         raise PlanError(f"plan memory {memory} exceeds its budget {budget}")
     return Plan(document)
@@ -304,12 +309,15 @@ def load_plan(path: str | Path) -> Plan:
     return Plan(document)
 
 
-def _validate(document: dict[str, Any], where: str) -> None:
+@functools.cache
+def _validator() -> Any:
     import jsonschema
 
-    schema = json.loads(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.path))
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
+
+
+def _validate(document: dict[str, Any], where: str) -> None:
+    errors = sorted(_validator().iter_errors(document), key=lambda e: list(e.path))
     if errors:
         first = errors[0]
         field = ".".join(str(p) for p in first.path) or "<top level>"
