@@ -843,10 +843,15 @@ def _sections(run: Run, tables: dict[str, pd.DataFrame]) -> str:
         ]
         out.append(f"Cases where a baseline beats the CFP plan: {len(losses)} of {len(summary)}.\n")
     out.append("## 3. Search overhead\n")
+    cache = (
+        "a cold cache at every depth"
+        if run.settings.cold_every_depth
+        else "one cache, cold at the first depth and serving the others (`from_cache`)"
+    )
     out.append(
-        "Tiny GPT on a mesh of 4 at growing depth: stage times, programs profiled with a cold "
-        "cache at every depth, the frontier solve, and the Alpa-style ILP (per-op strategies) "
-        "beside it.\n"
+        "Tiny GPT on a mesh of 4 at growing depth: stage times, the programs profiled (with "
+        f"{cache}), the frontier solve, and the Alpa-style ILP over per-op strategies beside "
+        "it (no memory budget).\n"
     )
     overhead = tables["overhead"]
     out.append(_markdown(overhead.sort_values("layers") if not overhead.empty else overhead))

@@ -95,13 +95,18 @@ class Analysis:
         `{"layer": {0: "N@x"}}` for the first block of every instance of a segment type.
         `uniform=True` gives every instance of a segment type the same configuration.
         """
-        model = self._model()
-        if pins or uniform:
-            frontier = solve_frontier(model, self._solver_pins(pins or {}), uniform)
-        else:
-            frontier = self.frontier
+        frontier = self.frontier_for(pins, uniform)
         point = frontier.points[-1] if memory_budget is None else frontier.query(memory_budget)
         return self._plan("cfp", point.selection, memory_budget)
+
+    def frontier_for(
+        self, pins: Mapping[Any, Any] | None = None, uniform: bool = False
+    ) -> Frontier:
+        """The time/memory frontier under `pins` and `uniform` (see `plan`); solved once, then
+        every budget is a lookup on it."""
+        if not pins and not uniform:
+            return self.frontier
+        return solve_frontier(self._model(), self._solver_pins(pins or {}), uniform)
 
     def plan_of(self, selection: Sequence[int], source: str = "manual") -> Plan:
         """The plan that takes option `selection[n]` (an index into the profiled

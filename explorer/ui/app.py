@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -27,6 +28,7 @@ from explorer import models
 from explorer.errors import ExplorerError
 from explorer.pipeline import DEFAULT_CACHE, Analysis, analyze
 from explorer.plan import Plan
+from explorer.solve import Frontier
 from explorer.ui.bars import (
     BarsData,
     BarsView,
@@ -43,7 +45,6 @@ from explorer.ui.state import (
     Choice,
     Session,
     Settings,
-    choice_from_plan,
     choice_from_point,
     counting,
     paired_strategies,
@@ -560,15 +561,13 @@ class Explorer(widgets.VBox):
         s = self.session
         s.choice = s.plan = None
         try:
-            if s.pins or s.uniform:
-                s.plan = analysis.plan(memory_budget=s.budget, pins=dict(s.pins), uniform=s.uniform)
-                s.choice = choice_from_plan(
-                    s.plan, s.budget, tuple(sorted(s.pins.items())), s.uniform
-                )
-            else:
-                frontier = analysis.frontier
-                point = frontier.points[-1] if s.budget is None else frontier.query(s.budget)
-                s.choice = choice_from_point(analysis, point, s.budget)
+            frontier = self._current_frontier()
+            point = frontier.points[-1] if s.budget is None else frontier.query(s.budget)
+            s.choice = replace(
+                choice_from_point(analysis, point, s.budget),
+                pins=tuple(sorted(s.pins.items())),
+                uniform=s.uniform,
+            )
             if s.level == "ops":
                 self.plan  # noqa: B018 -- builds the document the op hover reads
         except ExplorerError as err:
@@ -585,6 +584,19 @@ class Explorer(widgets.VBox):
         self._show_bars()
         self._show_frontier()
         self.timings.append(time.perf_counter() - start)
+
+    def _current_frontier(self) -> Frontier:
+        """The frontier for the session's pins and uniform mode: re-solved when they change,
+        so that a slider move under pins is a lookup too."""
+        s = self.session
+        assert s.analysis is not None
+        if not s.pins and not s.uniform:
+            return s.analysis.frontier
+        key = (tuple(sorted(s.pins.items())), s.uniform)
+        if s.pinned is None or s.pinned[0] is not s.analysis or s.pinned[1:3] != key:
+            s.pinned = (s.analysis, *key, s.analysis.frontier_for(dict(s.pins), s.uniform))
+        frontier: Frontier = s.pinned[3]
+        return frontier
 
     def _show_summary(self) -> None:
         s = self.session
@@ -639,8 +651,17 @@ class Explorer(widgets.VBox):
             for r in s.baselines
             if r.name != "cfp" and r.memory is not None and r.predicted_s is not None
         )
-        note = "unpinned; the pinned plan is the star" if s.pins else ""
-        self.frontier.show(frontier_data(analysis.frontier, current, s.budget, others, note))
+        note = ", ".join(
+            name
+            for name, on in (("pinned", s.pins), ("one configuration per type", s.uniform))
+            if on
+        )
+        try:
+            frontier = self._current_frontier()
+        except ExplorerError:  # the message area already says why
+            frontier = analysis.frontier
+            note = "unpinned: the pins leave no plan"
+        self.frontier.show(frontier_data(frontier, current, s.budget, others, note))
 
     # -- controls -----------------------------------------------------------------------------
 

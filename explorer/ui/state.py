@@ -69,20 +69,6 @@ def choice_from_point(analysis: Analysis, point: Any, budget: float | None) -> C
     return Choice(point.time, point.memory, tuple(configs), tuple(strategies), budget)
 
 
-def choice_from_plan(
-    plan: Plan, budget: float | None, pins: tuple[tuple[int, str], ...], uniform: bool
-) -> Choice:
-    return Choice(
-        plan.time,
-        plan.memory,
-        tuple(str(d["configuration"]) for d in plan.document["segments"]),
-        plan.strategies,
-        budget,
-        pins,
-        uniform,
-    )
-
-
 @dataclass
 class Session:
     settings: Settings
@@ -92,6 +78,8 @@ class Session:
     uniform: bool = False
     choice: Choice | None = None
     plan: Plan | None = None  # the document of `choice`, once something asked for it
+    # (analysis, pins, uniform, frontier): the frontier solved for those pins and that mode
+    pinned: tuple[Any, tuple[tuple[int, str], ...], bool, Any] | None = None
     selected: int = 0  # segment instance shown in the bars (and expanded at op level)
     analysis_key: tuple[Any, ...] = ()  # the model the selection belongs to
     level: str = "blocks"  # "blocks" or "ops"
