@@ -723,16 +723,21 @@ def _plots(run: Run) -> list[tuple[str, str]]:
     if run.overhead:
         frame = pd.DataFrame(run.overhead).sort_values("layers")
         fig, ax = plt.subplots(figsize=(6, 4))
+        if "profile_s" in frame:  # cold and cache-served profiling are different series
+            cold = frame["from_cache"] == 0
+            frame["profile_cold_s"] = frame["profile_s"].where(cold)
+            frame["profile_warm_s"] = frame["profile_s"].where(~cold)
         for column, label in (
             ("trace_s", "trace"),
             ("blocks_s", "blocks"),
             ("segments_s", "segments"),
-            ("profile_s", "profile (cold)"),
+            ("profile_cold_s", "profile (cold cache)"),
+            ("profile_warm_s", "profile (served by the cache)"),
             ("solve_s", "solve"),
             ("alpa_solve_s", "Alpa-style ILP solve"),
         ):
-            if column in frame:
-                part = frame.dropna(subset=[column])
+            part = frame.dropna(subset=[column]) if column in frame else frame.iloc[:0]
+            if len(part):
                 ax.plot(part["layers"], part[column], marker="o", label=label)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
