@@ -154,6 +154,7 @@ class Run:
     slider: list[dict[str, Any]] = field(default_factory=list)
     symbolic: list[dict[str, Any]] = field(default_factory=list)  # the paper's Fig. 9
     failures: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # cases that do not apply, and why
     seconds: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
 
@@ -211,6 +212,7 @@ def _analyze(run: Run, case: Case, platform: str, backend: str = "compiled") -> 
         backend=backend,
         cache=run.cache,
         progress=False,
+        prune=True,  # a space over the profiling budget is profiled pruned, as a user would
     )
 
 
@@ -364,7 +366,11 @@ def quality(run: Run) -> None:
         start = time.perf_counter()
         step, args = _step(case)
         evaluated: dict[str, dict[str, Any]] = {}  # plan JSON (platform-free) -> truths
-        for platform in run.settings.platforms:
+        devices = math.prod(case.mesh)
+        platforms = [p for p in run.settings.platforms if load_platform(p).devices >= devices]
+        for platform in sorted(set(run.settings.platforms) - set(platforms)):
+            run.skipped.append(f"{case.label} on {platform}: the platform has fewer devices")
+        for platform in platforms:
             capacity = load_platform(platform).device.memory_bytes
             try:
                 analysis = _analyze(run, case, platform)
@@ -387,9 +393,7 @@ def quality(run: Run) -> None:
                 key = _layout_key(plan)
                 if key not in evaluated:
                     try:
-                        evaluated[key] = dict(
-                            evaluate_on(plan, run.settings.platforms, step, *args)
-                        )
+                        evaluated[key] = dict(evaluate_on(plan, platforms, step, *args))
                     except Exception as err:
                         run.failed(f"quality {case.label} on {platform}: evaluate {name}", err)
                         continue
@@ -792,7 +796,8 @@ def write_report(
         "",
     ]
     body = _sections(run, tables)
-    failures = ["## Failures", ""] + (
+    skipped = ["## Skipped", "", *(f"- {line}" for line in run.skipped), ""] if run.skipped else []
+    failures = [*skipped, "## Failures", ""] + (
         [f"- {line}" for line in run.failures] or ["None."]
     ) + [""]  # fmt: skip
     pictures = [f"![{title}]({name})\n" for title, name in plots]
