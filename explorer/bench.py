@@ -635,6 +635,14 @@ def _accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
                 "time: median abs. error": f"{100 * err.abs().median():.1f}%",
                 "time: RMS error": f"{100 * math.sqrt((err**2).mean()):.1f}%",
                 "time: worst error": f"{100 * worst:+.1f}%",
+                # what a planner needs: the order of plans, and the best one
+                "rank correlation": float(
+                    group["predicted_s"].rank().corr(group["evaluated_s"].rank())
+                ),
+                "predicted best is evaluated best": bool(
+                    group["evaluated_s"].to_numpy()[group["predicted_s"].to_numpy().argmin()]
+                    <= group["evaluated_s"].min() * (1 + 1e-9)
+                ),
                 "memory: median abs. error": f"{100 * mem.abs().median():.1f}%",
                 "memory (Eq. 9): median abs. error": f"{100 * mem9.abs().median():.1f}%",
             }
