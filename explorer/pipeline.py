@@ -18,7 +18,7 @@ from explorer.baselines import baseline_choices, fsdp_parameter_layouts
 from explorer.blocks import build_blocks
 from explorer.cost import CostModel, build_cost_model
 from explorer.errors import AnalysisError
-from explorer.ir import BlockAnalysis, Config, Graph, ParallelBlock, Segmentation
+from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, ParallelBlock, Segmentation
 from explorer.mesh import MeshSpec, mesh_spec
 from explorer.plan import Plan, make_plan
 from explorer.segments import DEFAULT_PROFILING_BUDGET, ProgramCount, build_segments, program_count
@@ -127,7 +127,8 @@ class Analysis:
 
     def baseline(self, name: str) -> Plan:
         """A template plan (`dp`, `megatron`, `fsdp`), priced by the same cost model; `fsdp`
-        by compiling the whole step (its parameter layouts are not a block configuration).
+        by compiling the whole step (its parameter layouts are not a block configuration), and
+        so is a template whose configuration a pruned space did not profile.
 
         `alpa` solves the Alpa-style ILP over per-op strategies (explorer.alpa) on this mesh
         and platform. Its own objective is a communication-volume estimate on another scale
@@ -140,23 +141,26 @@ class Analysis:
         model = self._model()
         per_block = baseline_choices(name, self.block_analysis, self.segments)
         if name == "fsdp":
-            return self._fsdp_plan(per_block)
+            return self._evaluated_plan(
+                name, per_block, fsdp_parameter_layouts(self.graph, self.mesh)
+            )
         selection = []
         for n, instance in enumerate(self.segments.instances):
             wanted = tuple(per_block[b] for b in instance.blocks)
             found = [i for i, o in enumerate(model.options[n]) if o.choices == wanted]
             if not found:
-                raise AnalysisError(
-                    f"baseline {name!r}: configuration {wanted} of {instance.label!r} was not "
-                    "profiled (pruned or infeasible)"
-                )
+                # a pruned space may not hold the template: price it on the whole step instead
+                return self._evaluated_plan(name, per_block, None)
             selection.append(found[0])
         return self._plan(name, tuple(selection), None)
 
-    def _fsdp_plan(self, per_block: tuple[int, ...]) -> Plan:
+    def _evaluated_plan(
+        self, name: str, per_block: tuple[int, ...], layouts: dict[str, DimAxes] | None
+    ) -> Plan:
+        """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
+        a pruned space left out), priced by compiling the whole step under it."""
         from explorer.plan import evaluate
 
-        layouts = fsdp_parameter_layouts(self.graph, self.mesh)
         documents = [
             {
                 "label": i.label,
@@ -174,7 +178,7 @@ class Analysis:
 
         def plan_with(time: float, memory: int) -> Plan:
             return make_plan(
-                source="fsdp",
+                source=name,
                 graph=self.graph,
                 blocks=self.block_analysis,
                 segments=documents,

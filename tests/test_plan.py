@@ -157,3 +157,20 @@ def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]
     plans = [analysis.plan()] + [analysis.baseline(b) for b in ("dp", "megatron", "fsdp")]
     for plan in plans:
         assert_trees_close(expected, ex.apply_plan(plan, step)(*warm), RTOL, ATOL)
+
+
+@pytest.mark.slow
+def test_a_baseline_the_profiles_left_out_is_priced_on_the_whole_step() -> None:
+    step, args, _, _ = _setup()
+
+    def column_split_layers_only(kind: str, label: str, configuration: str) -> bool:
+        return kind != "segment" or label != "layer" or configuration.startswith("N@x")
+
+    analysis = ex.analyze(
+        step, *args, mesh=(4,), platform="a100-pcie-8", cache=SHARED_CACHE, progress=False,
+        only=column_split_layers_only,
+    )  # fmt: skip
+    plan = analysis.baseline("dp")  # its layers (all M@x) were not profiled
+    assert set(plan.strategies) == {"M@x"}
+    truth = ex.evaluate(plan, step, *args)
+    assert plan.time == pytest.approx(truth.time) and plan.memory == truth.memory
