@@ -19,7 +19,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from explorer.ir import OpNode
 
 ELEMENTWISE = frozenset(
     {
@@ -344,6 +347,20 @@ def _squeeze(shape: tuple[int, ...], dimensions: Sequence[int]) -> AffineMap:
     return AffineMap(
         shape, tuple(n for i, n in enumerate(shape) if i not in dimensions), tuple(exprs)
     )
+
+
+def traced_op_maps(op: OpNode, result: int = 0) -> tuple[AffineMap | None, ...] | None:
+    """`op_maps` of a traced op's `result`; None where the op is unknown or its parameters do
+    not fit what the analysis expects of its primitive."""
+    try:
+        return op_maps(
+            op.primitive,
+            op.params_dict,
+            [t.shape for t in op.input_types],
+            op.output_types[result].shape,
+        )
+    except (KeyError, ValueError, TypeError, IndexError):
+        return None
 
 
 def op_maps(

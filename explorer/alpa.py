@@ -257,16 +257,7 @@ class OpModel:
     def maps(self, op: OpNode, result: int = 0) -> tuple[affine.AffineMap | None, ...] | None:
         key = (op.id, result)
         if key not in self._maps:
-            try:
-                found = affine.op_maps(
-                    op.primitive,
-                    op.params_dict,
-                    [t.shape for t in op.input_types],
-                    op.output_types[result].shape,
-                )
-            except (KeyError, ValueError, TypeError, IndexError):
-                found = None
-            self._maps[key] = found
+            self._maps[key] = affine.traced_op_maps(op, result)
         return self._maps[key]
 
     def reshard(self, tt: TensorType, src: DimAxes | None, dst: DimAxes | None) -> float:

@@ -29,7 +29,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -201,10 +201,17 @@ def _step(case: Case) -> tuple[Any, tuple[Any, ...]]:
     return step, tuple(args)
 
 
-def _analyze(run: Run, case: Case, platform: str, backend: str = "compiled") -> Any:
+def _analyze(
+    run: Run,
+    case: Case,
+    step: Any,
+    args: tuple[Any, ...],
+    platform: str,
+    *,
+    backend: str = "compiled",
+) -> Any:
     from explorer.pipeline import analyze
 
-    step, args = _step(case)
     return analyze(
         step,
         *args,
@@ -236,14 +243,14 @@ def _accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int
     from explorer.plan import evaluate_on
 
     start = time.perf_counter()
+    if backend == "measured":  # real arrays for the timed runs
+        case = replace(case, abstract=False)
+    step, args = _step(case)
     try:
-        analysis = _analyze(run, case, platform, backend)
+        analysis = _analyze(run, case, step, args, platform, backend=backend)
     except Exception as err:
         run.failed(f"accuracy {case.label}", err)
         return
-    step, args = _step(case)
-    if backend == "measured":  # real arrays for the timed runs
-        step, args = _step(Case(case.model, case.preset, case.mesh, case.batch, case.layers, False))
     if backend == "compiled" and not run.symbolic:
         _symbolic_vs_profiled(run, case, analysis)
     model = analysis.cost_model
@@ -374,7 +381,7 @@ def quality(run: Run) -> None:
         for platform in platforms:
             capacity = load_platform(platform).device.memory_bytes
             try:
-                analysis = _analyze(run, case, platform)
+                analysis = _analyze(run, case, step, args, platform)
             except Exception as err:
                 run.failed(f"quality {case.label} on {platform}", err)
                 continue
@@ -584,7 +591,7 @@ def slider(run: Run) -> None:
     for layers in run.settings.slider_layers:
         case = Case("gpt", "tiny", (4,), layers=layers)
         try:
-            analysis = _analyze(run, case, run.settings.platforms[0])
+            analysis = _analyze(run, case, *_step(case), run.settings.platforms[0])
             low, high = analysis.frontier.min_memory, analysis.frontier.points[-1].memory
             budgets = [rng.uniform(low, high) for _ in range(run.settings.slider_steps)]
             if app_class is not None:
@@ -691,10 +698,7 @@ def _plots(run: Run) -> list[tuple[str, str]]:
         ax.set_ylabel("predicted (composed profiles), ms")
         ax.set_title("Prediction accuracy")
         ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(run.out / "accuracy.png", dpi=110)
-        plt.close(fig)
-        made.append(("Prediction against whole-step truth", "accuracy.png"))
+        made.append(_save(fig, run.out / "accuracy.png", "Prediction against whole-step truth"))
     if run.symbolic:
         frame = pd.DataFrame(run.symbolic)
         frame = frame[frame["segment"] == frame["segment"].mode()[0]]  # the repeated layer
@@ -707,10 +711,7 @@ def _plots(run: Run) -> list[tuple[str, str]]:
         twin.plot(frame.index, frame["symbolic_s"], "o", color="#D55E00", markersize=3)
         twin.set_ylabel("Alpa-style symbolic cost", color="#D55E00")
         ax.set_title(f"Symbolic against profiled cost ({frame['case'].iloc[0]})")
-        fig.tight_layout()
-        fig.savefig(run.out / "symbolic.png", dpi=110)
-        plt.close(fig)
-        made.append(("Symbolic against profiled cost (Fig. 9)", "symbolic.png"))
+        made.append(_save(fig, run.out / "symbolic.png", "Symbolic against profiled cost (Fig. 9)"))
     summary = quality_summary(pd.DataFrame(run.quality)) if run.quality else pd.DataFrame()
     if not summary.empty:
         fig, ax = plt.subplots(figsize=(8, 4))
@@ -729,10 +730,7 @@ def _plots(run: Run) -> list[tuple[str, str]]:
         )  # fmt: skip
         ax.legend(fontsize=7)
         ax.set_title("Plan quality (> 1: the CFP plan is faster)")
-        fig.tight_layout()
-        fig.savefig(run.out / "quality.png", dpi=110)
-        plt.close(fig)
-        made.append(("Plan quality against baselines", "quality.png"))
+        made.append(_save(fig, run.out / "quality.png", "Plan quality against baselines"))
     if run.overhead:
         frame = pd.DataFrame(run.overhead).sort_values("layers")
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -758,11 +756,18 @@ def _plots(run: Run) -> list[tuple[str, str]]:
         ax.set_ylabel("seconds")
         ax.set_title("Search overhead against depth")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(run.out / "overhead.png", dpi=110)
-        plt.close(fig)
-        made.append(("Search overhead", "overhead.png"))
+        made.append(_save(fig, run.out / "overhead.png", "Search overhead"))
     return made
+
+
+def _save(fig: Any, path: Path, title: str) -> tuple[str, str]:
+    """Write a finished figure and free it; the report's (title, file name) for it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return title, path.name
 
 
 def write_report(

@@ -113,15 +113,7 @@ class _State:
     def maps(self, op: OpNode, result: int = 0) -> tuple[affine.AffineMap | None, ...] | None:
         key = (op.id, result)
         if key not in self._maps:
-            try:
-                found = affine.op_maps(
-                    op.primitive,
-                    op.params_dict,
-                    [t.shape for t in op.input_types],
-                    op.output_types[result].shape,
-                )
-            except (KeyError, ValueError, TypeError, IndexError):
-                found = None
+            found = affine.traced_op_maps(op, result)
             if found is None:
                 self.unknown.add(op.primitive)
             self._maps[key] = found

@@ -159,8 +159,6 @@ class Analysis:
     ) -> Plan:
         """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
         a pruned space left out), priced by compiling the whole step under it."""
-        from explorer.plan import evaluate
-
         documents = [
             {
                 "label": i.label,
@@ -184,7 +182,7 @@ class Analysis:
                 segments=documents,
                 config=Config(per_block),
                 mesh=self.mesh,
-                platform=getattr(self.platform, "name", str(self.platform)),
+                platform=self.platform_name,
                 backend=self.backend,
                 time=time,
                 memory=memory,
@@ -193,12 +191,11 @@ class Analysis:
                 parameter_layouts=layouts,
             )
 
-        truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
-        return plan_with(truth.time, truth.memory)
+        return self._priced_by_evaluation(plan_with)
 
     def _alpa_plan(self) -> Plan:
         from explorer.alpa import solve_alpa
-        from explorer.plan import evaluate, make_layout_plan
+        from explorer.plan import make_layout_plan
 
         solution = solve_alpa(self.graph, self.mesh, self.platform)
         ilp = {
@@ -219,7 +216,7 @@ class Analysis:
                 blocks=self.block_analysis,
                 segmentation=self.segments,
                 mesh=self.mesh,
-                platform=getattr(self.platform, "name", str(self.platform)),
+                platform=self.platform_name,
                 backend=self.backend,
                 time=time,
                 memory=memory,
@@ -230,8 +227,18 @@ class Analysis:
                 ilp=ilp,
             )
 
+        return self._priced_by_evaluation(plan_with)
+
+    def _priced_by_evaluation(self, plan_with: Callable[[float, int], Plan]) -> Plan:
+        """A plan whose predictions are its whole step compiled and priced (`evaluate`)."""
+        from explorer.plan import evaluate
+
         truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
         return plan_with(truth.time, truth.memory)
+
+    @property
+    def platform_name(self) -> str:
+        return str(getattr(self.platform, "name", self.platform))
 
     def _model(self) -> CostModel:
         self._require_profiles()
@@ -293,7 +300,7 @@ class Analysis:
             segments=documents,
             config=Config(tuple(choices)),
             mesh=self.mesh,
-            platform=getattr(self.platform, "name", str(self.platform)),
+            platform=self.platform_name,
             backend=self.backend,
             time=model.time(selection),
             memory=model.memory(selection),

@@ -607,7 +607,7 @@ class Explorer(widgets.VBox):
         if choice is None or analysis is None:
             self.summary_w.value = f"<b>No plan</b> for budget {budget}: see the message above."
             return
-        platform = getattr(analysis.platform, "name", str(analysis.platform))
+        platform = analysis.platform_name
         self.summary_w.value = (
             f"<b>cfp plan on mesh {html.escape(str(analysis.mesh))} ({html.escape(platform)}, "
             f"{analysis.backend}): {1e3 * choice.time:.4f} ms/step, "
