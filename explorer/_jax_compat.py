@@ -160,6 +160,10 @@ _DROP = object()
 def _to_plain(value: Any) -> Any:
     if isinstance(value, _PLAIN):
         return value
+    if isinstance(value, np.generic) and not isinstance(value, np.void):
+        # NumPy scalars (e.g. broadcast dimensions as np.int64) stay numbers: read as a
+        # dtype they would become the dtype's name
+        return value.item()
     if isinstance(value, (np.dtype, type)) or (hasattr(value, "dtype") and hasattr(value, "kind")):
         try:
             return str(np.dtype(value))

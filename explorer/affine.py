@@ -9,7 +9,8 @@ number whose digits are slices of result dims, so that is the representation:
 
 listed most significant first. Maps compose along a path by substituting digits, and the
 paper's Eq. 2 (an even P-way block split of `a_i` is an even P-way block split of some `o_j`)
-becomes a check of the leading digit. Forms we cannot express exactly (slicing a dim, gathers,
+becomes a check of the leading digit. A convolution is a contraction whose feature groups are
+one more digit of the output feature. Forms we cannot express exactly (slicing a dim, gathers,
 cumulative sums along a dim) are `Opaque`: they record which result dims they read but never
 preserve a split.
 """
@@ -326,6 +327,74 @@ def dot_general(
     )
 
 
+def conv_general_dilated(
+    lhs: tuple[int, ...], rhs: tuple[int, ...], result: tuple[int, ...], params: dict[str, Any]
+) -> tuple[AffineMap, AffineMap]:
+    """Maps of a convolution's input (lhs) and kernel (rhs) from its result.
+
+    `dimension_numbers` lists, per operand, its (batch, feature, spatial...) dims for the lhs
+    and the result, and (output feature, input feature, spatial...) for the kernel. The batch
+    and output-feature dims carry through; the contracted input features and the kernel's
+    window are `*`. An input spatial dim reads a window around each output position: opaque,
+    unless the window is a single unstrided, unpadded, undilated tap (a 1x1 conv).
+
+    Feature groups (`feature_group_count` G) and batch groups (`batch_group_count` B, which
+    JAX emits for the kernel gradient of a grouped conv) are group-major: output feature `o`
+    belongs to group `o // (O/G)`, which reads input features `g*(C/G) ... (g+1)*(C/G) - 1`
+    (likewise batch rows for batch groups). Each is one more digit of the output feature.
+    """
+    lhs_spec, rhs_spec, out_spec = params["dimension_numbers"]
+    groups, batch_groups = params["feature_group_count"], params["batch_group_count"]
+    out_batch, out_feature, out_spatial = out_spec[0], out_spec[1], out_spec[2:]
+    features = result[out_feature]
+    lhs_exprs = [DimExpr()] * len(lhs)
+    rhs_exprs = [DimExpr()] * len(rhs)
+    lhs_exprs[lhs_spec[0]] = _grouped(
+        out_feature, features, batch_groups, Digit(out_batch, 1, lhs[lhs_spec[0]] // batch_groups)
+    )
+    lhs_exprs[lhs_spec[1]] = _grouped(
+        out_feature, features, groups, Digit(None, 1, lhs[lhs_spec[1]] // groups)
+    )
+    rhs_exprs[rhs_spec[0]] = DimExpr.var(out_feature, rhs[rhs_spec[0]])
+    rhs_exprs[rhs_spec[1]] = DimExpr.star(rhs[rhs_spec[1]])
+    for k, (lhs_dim, rhs_dim, out_dim) in enumerate(
+        zip(lhs_spec[2:], rhs_spec[2:], out_spatial, strict=True)
+    ):
+        rhs_exprs[rhs_dim] = DimExpr.star(rhs[rhs_dim])
+        if _single_tap(params, k, rhs[rhs_dim]):
+            lhs_exprs[lhs_dim] = DimExpr.var(out_dim, lhs[lhs_dim])
+        else:
+            lhs_exprs[lhs_dim] = DimExpr.unknown([out_dim])
+    return (
+        AffineMap(lhs, result, tuple(lhs_exprs)),
+        AffineMap(rhs, result, tuple(rhs_exprs)),
+    )
+
+
+def _grouped(out_feature: int, features: int, groups: int, within: Digit) -> DimExpr:
+    """`group * size(within) + within`, the group being the top digit of the output feature."""
+    group = Digit(out_feature, features // groups, groups)
+    return DimExpr(_merge([group, within]))
+
+
+def _single_tap(params: dict[str, Any], spatial: int, window: int) -> bool:
+    """Whether output position `i` of spatial dim `spatial` reads exactly input position `i`."""
+    padding = params.get("padding") or ()
+    lows_highs = padding[spatial] if spatial < len(padding) else (0, 0)
+
+    def one(name: str) -> bool:
+        values = params.get(name) or ()
+        return spatial >= len(values) or values[spatial] == 1
+
+    return (
+        window == 1
+        and tuple(lows_highs) == (0, 0)
+        and one("window_strides")
+        and one("lhs_dilation")
+        and one("rhs_dilation")
+    )
+
+
 def _per_dim_unknown(
     shape: tuple[int, ...], result: tuple[int, ...], changed: set[int]
 ) -> AffineMap:
@@ -397,6 +466,8 @@ def op_maps(
         return (reduce(shapes[0], params["axes"]),)
     if primitive == "dot_general":
         return dot_general(shapes[0], shapes[1], params["dimension_numbers"])
+    if primitive == "conv_general_dilated":
+        return conv_general_dilated(shapes[0], shapes[1], result_shape, params)
     if primitive == "split":
         return (_per_dim_unknown(shapes[0], result_shape, {params["axis"]}),)
     if primitive in CUMULATIVE:

@@ -2,8 +2,10 @@
 
 One pass over the traced Graph:
 
-1. Forward contraction ops, sorted by depth, each start a block unless already grouped. The
-   head's partitionable dims get roles (E, M, N, K: see `DimRole`). From the head's result the
+1. Forward contraction ops (`dot_general`, `conv_general_dilated`), sorted by depth, each start
+   a block unless already grouped. The head's partitionable dims get roles (E, M, N, K: see
+   `DimRole` and `head_geometry`; a role with several candidate dims takes the first that
+   splits evenly, and `ParallelBlock.role_notes` says so). From the head's result the
    split of each spatial role (E, M, N) is propagated to users in program order; a user joins
    the block when every role's split maps to an even block split of its result (Eq. 2 via
    `affine.AffineMap.split_target`). The first user that breaks it ends the block there.
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 
 from explorer import affine
 from explorer.ir import (
+    CONTRACTION_PRIMITIVES,
     BlockAnalysis,
     Conflict,
     DimRole,
@@ -68,7 +71,7 @@ def build_blocks(graph: Graph, parallelism: int) -> BlockAnalysis:
 class _Draft:
     index: int
     head: OpNode
-    role_sizes: list[tuple[DimRole, int]]
+    geometry: HeadGeometry
     forward: list[int] = field(default_factory=list)
     backward: list[int] = field(default_factory=list)
     branch: list[int] = field(default_factory=list)
@@ -86,13 +89,14 @@ class _Draft:
             forward_ops=tuple(sorted(self.forward)),
             backward_ops=tuple(sorted(self.backward)),
             branch_ops=tuple(sorted(self.branch)),
-            role_sizes=tuple(self.role_sizes),
+            role_sizes=tuple(self.geometry.role_sizes),
             layouts=tuple(layout(v, d) for v, d in sorted(self.layouts.items())),
             operand_layouts=tuple(
                 OperandLayout(op, pos, layout(v, d)) for op, pos, v, d in self.operands
             ),
             scope=self.head.scope,
             ends=tuple(self.ends[:_MAX_END_REASONS]),
+            role_notes=self.geometry.notes,
         )
 
 
@@ -122,14 +126,10 @@ class _State:
     # -- Algorithm 1 ------------------------------------------------------------------------
 
     def grow(self, head: OpNode) -> _Draft:
-        draft = _Draft(self.next_index, head, _head_roles(head))
+        draft = _Draft(self.next_index, head, head_geometry(head, self.parts))
         self.next_index += 1
         self._add(draft, head, draft.forward)
-        out_layout = {
-            role: dim
-            for role, dim in _head_result_dims(head).items()
-            if dict(draft.role_sizes)[role] % self.parts == 0
-        }
+        out_layout = draft.geometry.result_dims(self.parts)
         for vid in head.outputs:
             self._own(draft, vid, out_layout)
         # Program order is topological: when a user is popped, every operand it reads that
@@ -223,7 +223,7 @@ class _State:
 
     def _operand_layout(self, draft: _Draft, op: OpNode, position: int) -> Layout | None:
         if op.id == draft.head.id:
-            return _head_operand_dims(op, position, dict(draft.role_sizes), self.parts)
+            return draft.geometry.operand_dims(position, self.parts)
         maps = self.maps(op)
         op_map = maps[position] if maps and position < len(maps) else None
         if op_map is None:
@@ -273,7 +273,7 @@ class _State:
         """Values computed from parameters alone (constants aside), outside the backward pass."""
         derived = [v.kind is ValueKind.PARAMETER for v in self.graph.values]
         for op in self.graph.ops:
-            if op.role is Role.BACKWARD or op.primitive == "dot_general":
+            if op.role is Role.BACKWARD or op.primitive in CONTRACTION_PRIMITIVES:
                 continue
             sources = [v for v in op.inputs if self.graph.values[v].kind is not ValueKind.CONSTANT]
             if sources and all(derived[v] for v in sources):
@@ -342,49 +342,138 @@ class _State:
         return value.path or f"value {vid} {value.type}"
 
 
-def _head_dims(
-    head: OpNode,
-) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+# -- the head's roles -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RoleDim:
+    """Where one role of a head contraction splits: the dim's size and its index in the lhs,
+    the rhs and the result (None where the role has no dim there, e.g. K in the result)."""
+
+    size: int
+    lhs: int | None = None
+    rhs: int | None = None
+    result: int | None = None
+
+    def describe(self) -> str:
+        sides = (("lhs", self.lhs), ("rhs", self.rhs))
+        where = [f"{name} dim {d}" for name, d in sides if d is not None]
+        return f"{' / '.join(where) or 'result dim ' + str(self.result)} (size {self.size})"
+
+
+@dataclass(frozen=True, slots=True)
+class HeadGeometry:
+    """Where each partitionable role of a head contraction lives.
+
+    `places` holds, in `DimRole` order, the one dim each role splits; `notes` say why a role
+    took a later dim than the first candidate, or why a role is not offered at all.
+    """
+
+    places: tuple[tuple[DimRole, RoleDim], ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def role_sizes(self) -> list[tuple[DimRole, int]]:
+        return [(role, place.size) for role, place in self.places]
+
+    def result_dims(self, parts: int) -> Layout:
+        """The result dim of each role that splits into `parts` even blocks."""
+        return {
+            role: place.result
+            for role, place in self.places
+            if place.result is not None and place.size % parts == 0
+        }
+
+    def operand_dims(self, position: int, parts: int) -> Layout:
+        """The dim of operand `position` (0: lhs, 1: rhs) each splittable role lands on."""
+        dims: Layout = {}
+        for role, place in self.places:
+            dim = place.lhs if position == 0 else place.rhs if position == 1 else None
+            if dim is not None and place.size % parts == 0:
+                dims[role] = dim
+        return dims
+
+
+def head_geometry(head: OpNode, parts: int) -> HeadGeometry:
+    """The roles of a contraction op heading a block split into `parts` parts."""
+    if head.primitive == "conv_general_dilated":
+        return _conv_geometry(head)
+    return _dot_geometry(head, parts)
+
+
+def _dot_geometry(head: OpNode, parts: int) -> HeadGeometry:
+    """E: a batch dim, M: a free lhs dim, N: a free rhs dim, K: a contracted dim.
+
+    A role with several candidate dims takes the first whose size divides into `parts`
+    (the first one when none does): a fused q/k/v projection `[d] x [d, 3, heads, hd]`
+    splits its heads, not the size-3 q/k/v dim.
+    """
     (lc, rc), (lb, rb) = head.param("dimension_numbers")
-    lhs_rank, rhs_rank = head.input_types[0].rank, head.input_types[1].rank
-    lhs_free = [d for d in range(lhs_rank) if d not in lc and d not in lb]
-    rhs_free = [d for d in range(rhs_rank) if d not in rc and d not in rb]
-    return list(lc), list(rc), list(lb), list(rb), lhs_free, rhs_free
-
-
-def _head_roles(head: OpNode) -> list[tuple[DimRole, int]]:
-    lc, _, lb, _, lhs_free, rhs_free = _head_dims(head)
     lhs, rhs = head.input_types[0].shape, head.input_types[1].shape
-    roles: list[tuple[DimRole, int]] = []
-    if lb:
-        roles.append((DimRole.E, lhs[lb[0]]))
-    if lhs_free:
-        roles.append((DimRole.M, lhs[lhs_free[0]]))
-    if rhs_free:
-        roles.append((DimRole.N, rhs[rhs_free[0]]))
-    if lc:
-        roles.append((DimRole.K, lhs[lc[0]]))
-    return roles
+    lhs_free = [d for d in range(len(lhs)) if d not in lc and d not in lb]
+    rhs_free = [d for d in range(len(rhs)) if d not in rc and d not in rb]
+    offset_n = len(lb) + len(lhs_free)
+    candidates = {
+        DimRole.E: [RoleDim(lhs[a], a, b, k) for k, (a, b) in enumerate(zip(lb, rb, strict=True))],
+        DimRole.M: [RoleDim(lhs[d], lhs=d, result=len(lb) + k) for k, d in enumerate(lhs_free)],
+        DimRole.N: [RoleDim(rhs[d], rhs=d, result=offset_n + k) for k, d in enumerate(rhs_free)],
+        DimRole.K: [RoleDim(lhs[a], a, b) for a, b in zip(lc, rc, strict=True)],
+    }
+    places: list[tuple[DimRole, RoleDim]] = []
+    notes: list[str] = []
+    for role, options in candidates.items():
+        if options:
+            place, note = _first_dividing(role, options, parts)
+            places.append((role, place))
+            notes.extend(note)
+    return HeadGeometry(tuple(places), tuple(notes))
 
 
-def _head_result_dims(head: OpNode) -> Layout:
-    _, _, lb, _, lhs_free, rhs_free = _head_dims(head)
-    dims: Layout = {}
-    if lb:
-        dims[DimRole.E] = 0
-    if lhs_free:
-        dims[DimRole.M] = len(lb)
-    if rhs_free:
-        dims[DimRole.N] = len(lb) + len(lhs_free)
-    return dims
+def _first_dividing(role: DimRole, options: list[RoleDim], parts: int) -> tuple[RoleDim, list[str]]:
+    """The first option whose size divides into `parts` (else the first), and a note when a
+    later one was taken."""
+    for index, place in enumerate(options):
+        if place.size % parts == 0:
+            if index == 0:
+                return place, []
+            skipped = ", ".join(o.describe() for o in options[:index])
+            return place, [
+                f"{role.value}: {skipped} does not divide into {parts} parts; "
+                f"the split takes {place.describe()}"
+            ]
+    return options[0], []
 
 
-def _head_operand_dims(
-    head: OpNode, position: int, sizes: dict[DimRole, int], parts: int
-) -> Layout:
-    lc, rc, lb, rb, lhs_free, rhs_free = _head_dims(head)
-    if position == 0:
-        dims = {DimRole.E: lb[:1], DimRole.M: lhs_free[:1], DimRole.K: lc[:1]}
+def _conv_geometry(head: OpNode) -> HeadGeometry:
+    """M: the batch, N: the output features, K: the input features (contracted).
+
+    A grouped conv (`feature_group_count` G > 1) is a batched contraction over its groups:
+    E splits whole groups (input features, kernel output features and output features
+    alike, no communication), and neither N nor K is a block split of a whole dim (each
+    would cut every group). Spatial dims are not offered: an output position reads a window
+    across the block edge (a halo exchange this model does not price).
+    """
+    lhs_spec, rhs_spec, out_spec = head.param("dimension_numbers")
+    groups = head.param("feature_group_count", 1)
+    batch_groups = head.param("batch_group_count", 1)
+    lhs, rhs = head.input_types[0].shape, head.input_types[1].shape
+    places: list[tuple[DimRole, RoleDim]] = []
+    notes = ["spatial dims are not split: each output reads a window across the block edge"]
+    if groups > 1:
+        places.append((DimRole.E, RoleDim(groups, lhs_spec[1], rhs_spec[0], out_spec[1])))
+    if batch_groups == 1:
+        places.append((DimRole.M, RoleDim(lhs[lhs_spec[0]], lhs=lhs_spec[0], result=out_spec[0])))
     else:
-        dims = {DimRole.E: rb[:1], DimRole.N: rhs_free[:1], DimRole.K: rc[:1]}
-    return {role: d[0] for role, d in dims.items() if d and sizes[role] % parts == 0}
+        notes.append(
+            f"M: batch_group_count={batch_groups} folds batch rows into output features; "
+            "the batch is not split"
+        )
+    if groups == 1:
+        places.append((DimRole.N, RoleDim(rhs[rhs_spec[0]], rhs=rhs_spec[0], result=out_spec[1])))
+        places.append((DimRole.K, RoleDim(lhs[lhs_spec[1]], lhs_spec[1], rhs_spec[1])))
+    else:
+        notes.append(
+            f"N, K: feature_group_count={groups}: splitting output or input features within "
+            "the groups is not an even block split of the feature dims; E splits whole groups"
+        )
+    return HeadGeometry(tuple(places), tuple(notes))

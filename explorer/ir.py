@@ -45,6 +45,10 @@ T = TypeVar("T")
 
 INPUT_KINDS = (ValueKind.PARAMETER, ValueKind.OPTIMIZER_STATE, ValueKind.DATA, ValueKind.RNG)
 
+# Tensor contractions: the ops that head ParallelBlocks (a convolution contracts its input
+# features and kernel window like a dot contracts its K).
+CONTRACTION_PRIMITIVES = frozenset({"dot_general", "conv_general_dilated"})
+
 
 @dataclass(frozen=True, slots=True)
 class TensorType:
@@ -146,6 +150,7 @@ class Graph:
     program: Any = field(default=None, compare=False, repr=False)
     in_tree: Any = field(default=None, compare=False, repr=False)
     out_tree: Any = field(default=None, compare=False, repr=False)
+    input_notes: tuple[str, ...] = ()  # how the inputs' roles were decided (role_summary)
     _users: tuple[tuple[int, ...], ...] = field(default=(), init=False, compare=False, repr=False)
     _nx: Any = field(default=None, init=False, compare=False, repr=False)
 
@@ -180,7 +185,8 @@ class Graph:
         return tuple(self.values[v] for v in self.inputs if self.values[v].kind is kind)
 
     def contractions(self) -> Iterator[OpNode]:
-        return (op for op in self.ops if op.primitive == "dot_general")
+        """The tensor contractions (`CONTRACTION_PRIMITIVES`), in program order."""
+        return (op for op in self.ops if op.primitive in CONTRACTION_PRIMITIVES)
 
     @property
     def nx(self) -> nx.MultiDiGraph:
@@ -205,12 +211,28 @@ class Graph:
             counts[op.role] += 1
         return counts
 
+    def role_summary(self, examples: int = 3) -> str:
+        """How many step inputs have each role, with a few example paths, and how the roles
+        were decided (declared or inferred, and anything ambiguous)."""
+        lines = ["Step inputs by role:"]
+        for kind in INPUT_KINDS:
+            found = self.inputs_of_kind(kind)
+            shown = ", ".join(v.path for v in found[:examples])
+            more = f", ... (+{len(found) - examples})" if len(found) > examples else ""
+            lines.append(f"  {kind.value:<16} {len(found):5d}  {shown}{more}")
+        lines.extend(f"  note: {note}" for note in self.input_notes)
+        return "\n".join(lines)
+
     def summary(self) -> str:
         counts = self.role_counts()
         kinds = {kind: len(self.inputs_of_kind(kind)) for kind in INPUT_KINDS}
+        primitives = [op.primitive for op in self.contractions()]
+        convs = primitives.count("conv_general_dilated")
         return (
             f"Graph: {len(self.ops)} ops ({', '.join(f'{n} {r}' for r, n in counts.items())}), "
-            f"{sum(1 for _ in self.contractions())} dot_general; inputs: "
+            f"{primitives.count('dot_general')} dot_general"
+            + (f", {convs} conv_general_dilated" if convs else "")
+            + "; inputs: "
             + ", ".join(f"{n} {k}" for k, n in kinds.items())
         )
 
@@ -224,6 +246,12 @@ class DimRole(StrEnum):
     E: the dot's batch dim (the expert dim of a batched expert matmul); M: the first free dim
     of the left operand (batch / rows); N: the first free dim of the right operand (columns);
     K: the contracted dim (leaves partial sums, so the head's result is all-reduced).
+
+    Where a role has several candidate dims (a dot with two batch dims, a fused q/k/v weight
+    `[d, 3, heads, hd]`), it takes the first whose size divides the parallelism, and
+    `ParallelBlock.role_notes` says which were passed over. A convolution's roles: M is its
+    batch, N its output features, K its input features; a grouped convolution splits whole
+    feature groups as E instead of N and K.
     """
 
     E = "E"
@@ -299,6 +327,7 @@ class ParallelBlock:
     ends: tuple[str, ...] = ()  # why the propagation stopped where it did
     strategies: tuple[Strategy, ...] = ()
     excluded: tuple[ExcludedStrategy, ...] = ()
+    role_notes: tuple[str, ...] = ()  # why a role took the dim it did, or is not offered
 
     def __post_init__(self) -> None:
         members = self.forward_ops + self.backward_ops + self.branch_ops
@@ -352,11 +381,14 @@ class BlockAnalysis:
         lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism})"]
         for block in self.blocks:
             head = graph.ops[block.head]
-            inner = sum(1 for o in block.forward_ops if graph.ops[o].primitive == "dot_general")
+            inner = sum(
+                1 for o in block.forward_ops if graph.ops[o].primitive in CONTRACTION_PRIMITIVES
+            )
             lines.append(
                 f"  block {block.index:3d} head #{block.head} {head.scope or '<root>'} "
                 f"{head.input_types[0]} x {head.input_types[1]}: "
-                f"{len(block.forward_ops)} fwd ({inner} dot), {len(block.backward_ops)} bwd, "
+                f"{len(block.forward_ops)} fwd ({inner} contraction), "
+                f"{len(block.backward_ops)} bwd, "
                 f"{len(block.branch_ops)} branch; roles "
                 + " ".join(f"{r.value}={n}" for r, n in block.role_sizes)
                 + (

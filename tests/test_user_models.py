@@ -1,0 +1,193 @@
+"""Training steps written with Flax (linen, NNX, TrainState), Equinox and plain JAX: each
+traces, its inputs get their roles per pytree leaf without hints, and every dense layer and
+convolution heads a ParallelBlock. Nothing here profiles."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import pytest
+from user_models import BUILDERS, UserStep, linen_fused_qkv
+
+import explorer as ex
+from explorer.blocks import build_blocks
+from explorer.errors import ArgumentMismatchError
+from explorer.ir import CONTRACTION_PRIMITIVES, DimRole, Graph, OpNode, Role, ValueKind
+from explorer.trace import RoleWarning
+
+
+@functools.cache
+def _traced(name: str) -> tuple[UserStep, Graph]:
+    user = BUILDERS[name]()
+    return user, ex.trace(user.step, *user.args)
+
+
+def _kinds(graph: Graph) -> dict[str, ValueKind]:
+    return {graph.values[v].path: graph.values[v].kind for v in graph.inputs}
+
+
+# -- roles per pytree leaf --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_roles_are_right_without_hints(name: str) -> None:
+    user, graph = _traced(name)
+    print(f"\n[{name}] {graph.summary()}\n{graph.role_summary()}")
+    params = len(graph.inputs_of_kind(ValueKind.PARAMETER))
+    assert params == user.param_leaves
+    # AdamW: a step count and two moments per parameter (a TrainState adds its own step)
+    counters = 2 if name == "train_state" else 1
+    assert len(graph.inputs_of_kind(ValueKind.OPTIMIZER_STATE)) == 2 * params + counters
+    data = [v.path for v in graph.inputs_of_kind(ValueKind.DATA)]
+    assert data[0] == user.data_path
+    assert "inferred" in graph.role_summary()
+
+
+def test_a_train_state_is_classified_leaf_by_leaf() -> None:
+    _, graph = _traced("train_state")
+    kinds = _kinds(graph)
+    assert kinds["state.step"] is ValueKind.OPTIMIZER_STATE  # a Python int in the state
+    assert kinds["batch"] is ValueKind.DATA
+    assert all(
+        kind is ValueKind.PARAMETER
+        for path, kind in kinds.items()
+        if path.startswith("state.params")
+    )
+    assert all(
+        kind is ValueKind.OPTIMIZER_STATE
+        for path, kind in kinds.items()
+        if path.startswith("state.opt_state")
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt", "moe"])
+def test_inferred_roles_agree_with_the_zoo_declared_ones(name: str) -> None:
+    fn, config_cls = ex.models.MODELS[name]
+    step, args = fn(config_cls.tiny(), abstract=True)
+    declared = ex.trace(step, *args)
+    inferred = ex.trace(functools.partial(step), *args)  # a partial hides the declared roles
+    assert "declared" in declared.role_summary() and "inferred" in inferred.role_summary()
+    assert _kinds(inferred) == _kinds(declared)
+
+
+def _running_mean_step(params: Any, stats: jax.Array, x: jax.Array) -> Any:
+    """A step carrying a running mean of its inputs: updated, float, and no gradient in it."""
+
+    def loss(p: Any) -> jax.Array:
+        return jnp.mean((x @ p["w"]) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    params = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    return value, params, 0.9 * stats + 0.1 * x.mean(axis=0)
+
+
+def _running_mean_args() -> tuple[Any, ...]:
+    return {"w": jnp.ones((4, 2))}, jnp.zeros(4), jnp.ones((3, 4))
+
+
+def test_a_float_leaf_updated_without_a_gradient_is_a_warning_not_a_guess() -> None:
+    with pytest.warns(RoleWarning, match=r"no gradient flows into the update \(e.g. stats\)"):
+        graph = ex.trace(_running_mean_step, *_running_mean_args())
+    kinds = _kinds(graph)
+    assert kinds == {
+        "params['w']": ValueKind.PARAMETER,
+        "stats": ValueKind.OPTIMIZER_STATE,
+        "x": ValueKind.DATA,
+    }
+    assert "no gradient flows" in graph.role_summary()
+
+
+@pytest.mark.parametrize(
+    "arg_roles",
+    [
+        (None, "data", None),  # a pytree prefix: None leaves the rest to inference
+        ("params", "data", "data"),  # the positional form
+        lambda path, leaf: "data" if path == "stats" else None,  # a callable per leaf
+    ],
+    ids=["prefix", "positional", "callable"],
+)
+def test_declared_roles_override_the_inference_and_silence_the_warning(arg_roles: Any) -> None:
+    graph = ex.trace(_running_mean_step, *_running_mean_args(), arg_roles=arg_roles)
+    assert _kinds(graph)["stats"] is ValueKind.DATA
+    assert _kinds(graph)["params['w']"] is ValueKind.PARAMETER
+
+
+def test_a_nested_prefix_declares_part_of_an_argument() -> None:
+    user, _ = _traced("train_state")
+    state = user.args[0]
+    prefix = state.replace(step="opt_state", params="params", opt_state=None)
+    graph = ex.trace(user.step, *user.args, arg_roles=(prefix, None))
+    assert "declared" in graph.role_summary()
+    assert len(graph.inputs_of_kind(ValueKind.PARAMETER)) == user.param_leaves
+
+
+@pytest.mark.parametrize(
+    ("arg_roles", "match"),
+    [
+        (("params", "weights", "data"), r"unknown argument role\(s\) \['weights'\] for stats"),
+        (("params", "data"), r"one role per step argument \(3 arguments\), found 2 roles"),
+        (({"v": "params"}, "data", "data"), "arg_roles for argument 'params' is not a pytree"),
+    ],
+)
+def test_bad_declared_roles_say_what_was_expected(arg_roles: Any, match: str) -> None:
+    with pytest.raises(ArgumentMismatchError, match=match):
+        ex.trace(_running_mean_step, *_running_mean_args(), arg_roles=arg_roles)
+
+
+# -- every dense layer and convolution heads a block ------------------------------------------
+
+
+def _parameter_derived(graph: Graph) -> list[bool]:
+    """Values computed from parameters alone outside the backward pass (casts, transposes)."""
+    derived = [v.kind is ValueKind.PARAMETER for v in graph.values]
+    for op in graph.ops:
+        if op.role is Role.BACKWARD or op.primitive in CONTRACTION_PRIMITIVES:
+            continue
+        sources = [v for v in op.inputs if graph.values[v].kind is not ValueKind.CONSTANT]
+        if sources and all(derived[v] for v in sources):
+            for vid in op.outputs:
+                derived[vid] = True
+    return derived
+
+
+def _layers(graph: Graph) -> list[OpNode]:
+    """The dense layers and convolutions: forward contractions reading a weight."""
+    derived = _parameter_derived(graph)
+    return [
+        op
+        for op in graph.contractions()
+        if op.role is Role.FORWARD and any(derived[v] for v in op.inputs)
+    ]
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_every_dense_layer_and_conv_heads_a_block(name: str) -> None:
+    _, graph = _traced(name)
+    analysis = build_blocks(graph, 4)
+    print(f"\n[{name}] {analysis.summary(graph)}")
+    layers = _layers(graph)
+    heads = {block.head for block in analysis.blocks}
+    assert [op.id for op in layers] == sorted(heads)
+    # 6 per decoder layer (q, k, v, out, MLP in and out) and the LM head; 3 convs and a head
+    assert len(layers) == (4 if name == "cnn" else 13)
+    # the attention's own contractions (scores, weighted values) join a block too
+    forward = [op for op in graph.contractions() if op.role is Role.FORWARD]
+    assert all(analysis.block_of_op[op.id] is not None for op in forward)
+
+
+def test_a_fused_qkv_projection_offers_head_parallelism() -> None:
+    user = linen_fused_qkv()
+    graph = ex.trace(user.step, *user.args)
+    analysis = build_blocks(graph, 4)
+    qkv = next(block for block in analysis.blocks if block.scope.endswith("qkv"))
+    head = graph.ops[qkv.head]
+    assert head.input_types[1].shape == (64, 3, 4, 16)
+    assert dict(qkv.role_sizes)[DimRole.N] == 4  # the heads, not the size-3 q/k/v dim
+    result = qkv.layout_of(head.outputs[0])
+    assert result is not None and result.dim_of(DimRole.N) == 3
+    assert any("size 3" in note for note in qkv.role_notes)
+    # the attention's score and value contractions carry the heads split
+    assert sum(graph.ops[o].primitive == "dot_general" for o in qkv.forward_ops) == 3
