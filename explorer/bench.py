@@ -240,6 +240,7 @@ def accuracy(run: Run) -> None:
 
 
 def _accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int) -> None:
+    from explorer.accuracy import sample_selections
     from explorer.plan import evaluate_on
 
     start = time.perf_counter()
@@ -253,18 +254,7 @@ def _accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int
         return
     if backend == "compiled" and not run.symbolic:
         _symbolic_vs_profiled(run, case, analysis)
-    model = analysis.cost_model
-    rng = random.Random(0)
-    selections: list[tuple[str, tuple[int, ...]]] = []
-    points = analysis.frontier.points
-    for k in _spread(len(points), min(len(points), count // 2)):
-        selections.append(("frontier", points[k].selection))
-    attempts = 0
-    while len(selections) < count and attempts < 50 * count:
-        attempts += 1
-        pick = tuple(rng.randrange(len(o)) for o in model.options)
-        if math.isfinite(model.time(pick)) and pick not in {s for _, s in selections}:
-            selections.append(("random", pick))
+    selections = sample_selections(analysis, count)
     for kind, selection in selections:
         plan = analysis.plan_of(selection, source=kind)
         try:
@@ -350,15 +340,6 @@ def _rank_agreement(frame: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
-
-
-def _spread(n: int, k: int) -> list[int]:
-    """`k` indices spread evenly over `range(n)`."""
-    if k <= 0:
-        return []
-    if k == 1:
-        return [n - 1]
-    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
 # -- 2. plan quality ----------------------------------------------------------------------------
@@ -483,6 +464,7 @@ def geomean(values: Sequence[float]) -> float:
 def overhead(run: Run) -> None:
     from explorer.blocks import build_blocks
     from explorer.cost import build_cost_model
+    from explorer.layouts import instance_dependencies
     from explorer.mesh import mesh_spec
     from explorer.platforms import load_platform
     from explorer.profile.cache import ProfileCache
@@ -527,7 +509,8 @@ def overhead(run: Run) -> None:
             row["programs"] = len(table)
             row["from_cache"] = int(table["cached"].sum())
             start = time.perf_counter()
-            frontier = solve_frontier(build_cost_model(segments, table))
+            dependencies = instance_dependencies(graph, blocks, segments, mesh)
+            frontier = solve_frontier(build_cost_model(segments, table, dependencies))
             row["solve_s"] = time.perf_counter() - start
             row["frontier_plans"] = len(frontier.points)
         except Exception as err:

@@ -4,6 +4,16 @@ Time (Eq. 8): `C_T = sum_n (T_C[n][i_n] + T_P[n][i_n]) + sum_n T_R[n][i_{n-1}][i
 resharding term depends only on the previous instance's last block strategy and this
 instance's first block strategy.
 
+Collectives the compiler combines across segments (independent all-reduces that reach only the
+step's results, e.g. gradient all-reduces: `hlo.parse_collectives` marks them) pay their
+bandwidth in each segment's T_C but their latency once per combined bucket of the whole plan,
+as XLA's all-reduce combiner merges them (on XLA:CPU, which compiles the programs the
+`compiled` backend prices: any number of bytes, at most `COMBINE_COUNT` operands per bucket).
+
+A segment whose program depends on another instance's block (a parameter tied to the head,
+read by the embedding) has one option per strategy of that block (`Option.context`); a plan
+is consistent when each option's context is what the other instance chose.
+
 Memory: Eq. 9 sums each segment program's peak, which counts every segment's transient buffers
 as if they were alive at once. They are not: parameters, optimizer state and the activations
 kept for backward persist across the step, while a segment's temporaries live only while it
@@ -15,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +34,10 @@ import pandas as pd
 
 from explorer.errors import AnalysisError
 from explorer.ir import Segmentation
+
+# XLA:CPU's all-reduce combiner (cpu_compiler.cc: kCombineBytes = int64 max, kCombineCount =
+# 256): the compiler whose optimised HLO the `compiled` backend reads.
+COMBINE_COUNT = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +51,10 @@ class Option:
     persistent: int
     transient: int
     peak: int  # the segment program's own peak (Eq. 9 term)
+    # strategies of the instance's dependencies (CostModel.dependencies), in order
+    context: tuple[int, ...] = ()
+    # per combining group ("kind@axes/size"): combinable elements and their latency
+    combined: tuple[tuple[str, int, float], ...] = ()
 
     @property
     def time(self) -> float:
@@ -57,6 +76,10 @@ class CostModel:
     labels: tuple[str, ...]  # instance labels, e.g. "layer_3"
     options: tuple[tuple[Option, ...], ...]  # per instance
     reshard: tuple[dict[tuple[int, int], float], ...]  # per boundary n -> n+1
+    # per instance: the blocks (of other instances) its options' context refers to
+    dependencies: tuple[tuple[int, ...], ...] = ()
+    # per instance: its blocks, in order (to find a dependency's instance and position)
+    instance_blocks: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.reshard) != max(0, len(self.options) - 1):
@@ -64,14 +87,46 @@ class CostModel:
         for label, options in zip(self.labels, self.options, strict=True):
             if not options:
                 raise AnalysisError(f"segment instance {label!r} has no feasible configuration")
+        if self.dependencies and len(self.dependencies) != len(self.options):
+            raise ValueError("one dependency tuple per instance")
 
     def time(self, selection: Sequence[int]) -> float:
-        """Eq. 8 for one option index per instance."""
+        """Eq. 8 for one option index per instance, with combined collectives' latency."""
         chosen = [self.options[n][i] for n, i in enumerate(selection)]
         total = sum(o.time for o in chosen)
         for n in range(1, len(chosen)):
             total += self.reshard[n - 1].get((chosen[n - 1].last, chosen[n].first), 0.0)
-        return total
+        return total + self.combined_latency(selection)
+
+    def combined_latency(self, selection: Sequence[int]) -> float:
+        """One latency per bucket of combinable collectives the plan's segments emit."""
+        counts: Counter[str] = Counter()
+        latency: dict[str, float] = {}
+        for n, i in enumerate(selection):
+            for key, count, seconds in self.options[n][i].combined:
+                counts[key] += count
+                latency[key] = seconds
+        return sum(latency[k] * math.ceil(c / COMBINE_COUNT) for k, c in counts.items())
+
+    def block_choice(self, selection: Sequence[int], block: int) -> int:
+        """The strategy `selection` gives `block`."""
+        for n, blocks in enumerate(self.instance_blocks):
+            if block in blocks:
+                return self.options[n][selection[n]].choices[blocks.index(block)]
+        raise AnalysisError(f"block {block} belongs to no segment instance")
+
+    def inconsistency(self, selection: Sequence[int]) -> str | None:
+        """Why `selection` is not one program (an option priced under another strategy of a
+        block it depends on than the one chosen), or None."""
+        for n, depends in enumerate(self.dependencies):
+            option = self.options[n][selection[n]]
+            actual = tuple(self.block_choice(selection, b) for b in depends)
+            if actual != option.context:
+                return (
+                    f"instance {self.labels[n]!r} was priced with blocks {list(depends)} on "
+                    f"strategies {list(option.context)}, but the plan gives them {list(actual)}"
+                )
+        return None
 
     def memory(self, selection: Sequence[int]) -> int:
         """Persistent memory of every instance plus the largest transient peak."""
@@ -83,8 +138,15 @@ class CostModel:
         return sum(self.options[n][i].peak for n, i in enumerate(selection))
 
 
-def build_cost_model(segmentation: Segmentation, profiles: pd.DataFrame) -> CostModel:
-    """Options per instance from its unique type's profiles; T_R from the boundary profiles."""
+def build_cost_model(
+    segmentation: Segmentation,
+    profiles: pd.DataFrame,
+    dependencies: tuple[tuple[int, ...], ...] = (),
+) -> CostModel:
+    """Options per instance from its unique type's profiles; T_R from the boundary profiles.
+
+    `dependencies` (per instance, see `layouts.external_blocks`) tells which blocks the
+    profiles' `context` column refers to."""
     ok = profiles[profiles["status"] == "ok"]
     by_type: dict[int, tuple[Option, ...]] = {}
     for unique in segmentation.unique:
@@ -98,6 +160,8 @@ def build_cost_model(segmentation: Segmentation, profiles: pd.DataFrame) -> Cost
                 persistent=int(row["persistent_memory"]),
                 transient=int(row["transient_memory"]),
                 peak=int(row["memory"]),
+                context=tuple(int(c) for c in row.get("context", ()) or ()),
+                combined=tuple(row.get("combined", ()) or ()),
             )
             for row in _records(rows)
         )
@@ -120,6 +184,8 @@ def build_cost_model(segmentation: Segmentation, profiles: pd.DataFrame) -> Cost
         labels=tuple(i.label for i in instances),
         options=tuple(by_type[i.unique_id] for i in instances),
         reshard=tuple(reshard),
+        dependencies=dependencies or tuple(() for _ in instances),
+        instance_blocks=tuple(i.blocks for i in instances),
     )
 
 

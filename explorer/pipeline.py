@@ -7,6 +7,7 @@ keeps what each produced, so nothing computed is lost when a later stage fails.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,10 @@ class Analysis:
 
     @property
     def program_counts(self) -> ProgramCount:
-        return program_count(self.segments, self.block_analysis)
+        from explorer.layouts import instance_dependencies
+
+        depends = instance_dependencies(self.graph, self.block_analysis, self.segments, self.mesh)
+        return program_count(self.segments, self.block_analysis, depends)
 
     @property
     def program_count(self) -> int:
@@ -123,6 +127,12 @@ class Analysis:
                     f"plan_of: instance {n} ({model.labels[n]}) has options "
                     f"0..{len(model.options[n]) - 1}, found {index}"
                 )
+        reason = model.inconsistency(selection)
+        if reason is not None:
+            raise AnalysisError(
+                f"plan_of: this selection is not one program: {reason}. Pick the option of "
+                "that instance profiled under the strategies chosen (see Option.context)."
+            )
         return self._plan(source, tuple(int(i) for i in selection), None)
 
     def baseline(self, name: str) -> Plan:
@@ -147,7 +157,12 @@ class Analysis:
         selection = []
         for n, instance in enumerate(self.segments.instances):
             wanted = tuple(per_block[b] for b in instance.blocks)
-            found = [i for i, o in enumerate(model.options[n]) if o.choices == wanted]
+            context = tuple(per_block[b] for b in model.dependencies[n])
+            found = [
+                i
+                for i, o in enumerate(model.options[n])
+                if o.choices == wanted and o.context == context
+            ]
             if not found:
                 # a pruned space may not hold the template: price it on the whole step instead
                 return self._evaluated_plan(name, per_block, None)
@@ -308,6 +323,26 @@ class Analysis:
             budget=budget,
         )
 
+    def unplaced_ops(self) -> tuple[int, ...]:
+        """Ops outside every block whose dependencies the affine analysis does not know: the
+        follow rule cannot place them, so their results stay replicated (whatever the
+        configuration) and a split operand is gathered first."""
+        from explorer.layouts import place
+
+        zero = Config((0,) * len(self.blocks))
+        return place(self.graph, self.blocks, zero, self.mesh, self.segments).unplaced
+
+    def _placement_summary(self) -> str:
+        unplaced = self.unplaced_ops()
+        if not unplaced:
+            return "placement: every value follows a block (no op left to the compiler)"
+        kinds = Counter(self.graph.ops[o].primitive for o in unplaced)
+        listed = ", ".join(f"{name} x{n}" for name, n in kinds.most_common())
+        return (
+            f"placement: {len(unplaced)} ops the follow rule cannot place (results "
+            f"replicated): {listed}"
+        )
+
     def summary(self) -> str:
         lines = [
             self.graph.summary(),
@@ -316,6 +351,7 @@ class Analysis:
             self.segments.summary(),
             f"whole-step configurations: {self.config_count:.3g}; programs to profile "
             f"(Eq. 7): {self.program_counts.formula()}",
+            self._placement_summary(),
         ]
         if self.profile_table is not None:
             table = self.profile_table
@@ -354,6 +390,7 @@ def analyze(
     spec = mesh_spec(mesh)
     target = platform if isinstance(platform, Platform) else load_platform(platform)
     graph = trace(step, *args, arg_roles=arg_roles)
+    _check_platform_peaks(graph, target)
     blocks = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
     segments = build_segments(graph, blocks)
     analysis = Analysis(graph, blocks, segments, spec, step, tuple(args), target, backend)
@@ -377,7 +414,10 @@ def analyze(
             progress=progress,
             only=only,
         )
-    model = build_cost_model(segments, table)
+    from explorer.layouts import instance_dependencies
+
+    dependencies = instance_dependencies(graph, blocks, segments, spec)
+    model = build_cost_model(segments, table, dependencies)
     return Analysis(
         graph,
         blocks,
@@ -391,3 +431,14 @@ def analyze(
         model,
         solve_frontier(model),
     )
+
+
+def _check_platform_peaks(graph: Graph, platform: Any) -> None:
+    """Before any compile: the platform prices every dtype the step multiplies in (its
+    error names the file, the field and the dtype)."""
+    from explorer.profile.compute import hlo_dtype
+
+    contractions = ("dot_general", "conv_general_dilated")
+    dtypes = {t.dtype for op in graph.ops if op.primitive in contractions for t in op.input_types}
+    for dtype in sorted(dtypes):
+        platform.peak_flops(hlo_dtype(dtype))

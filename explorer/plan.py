@@ -35,8 +35,10 @@ from explorer.ir import (
     TensorType,
     ValueKind,
 )
+from explorer.layouts import place
 from explorer.mesh import MeshSpec, make_mesh, spec_to_json
 from explorer.realize import realize
+from explorer.segments import build_segments
 from explorer.space import build_space, shardings
 from explorer.trace import trace
 
@@ -367,7 +369,12 @@ def _configure(plan: Plan, step: Callable[..., Any], args: Sequence[Any]) -> tup
         path: tuple(tuple(axes) if axes else () for axes in spec)
         for path, spec in plan.document["parameters"].items()
     }
-    return graph, shardings(graph, analysis.blocks, Config(tuple(choices)), mesh, parameters)
+    segmentation = build_segments(graph, analysis)
+    config = Config(tuple(choices))
+    placement = place(
+        graph, analysis.blocks, config, mesh, segmentation, parameter_layouts=parameters
+    )
+    return graph, placement.assignment
 
 
 def _layout_assignment(plan: Plan, graph: Graph) -> ShardingAssignment:
@@ -443,8 +450,13 @@ def _checked_spec(
     return tuple(dims)
 
 
-def apply_plan(plan: Plan, step: Callable[..., Any]) -> Callable[..., Any]:
-    """A jitted sharded version of `step`, with the same signature and results."""
+def apply_plan(plan: Plan, step: Callable[..., Any], *, donate: bool = True) -> Callable[..., Any]:
+    """A jitted sharded version of `step`, with the same signature and results.
+
+    With `donate` (the default, as training loops run: `state = step(state, batch)`), the
+    parameters and optimizer state passed in are donated to the updated ones returned: arrays
+    already laid out as the plan wants are consumed by the call. `donate=False` keeps them.
+    """
     realised: dict[Any, Any] = {}
 
     def sharded_step(*args: Any) -> Any:
@@ -454,10 +466,16 @@ def apply_plan(plan: Plan, step: Callable[..., Any]) -> Callable[..., Any]:
         )
         if key not in realised:
             graph, assignment = _configure(plan, step, args)
-            realised[key] = realize(graph, assignment, make_mesh(plan.mesh))
+            realised[key] = realize(graph, assignment, make_mesh(plan.mesh), donate=donate)
         return realised[key](*args)
 
+    def lower(*args: Any) -> Any:
+        """Lower the sharded step for `args` (as `jax.jit(...).lower` does)."""
+        graph, assignment = _configure(plan, step, args)
+        return realize(graph, assignment, make_mesh(plan.mesh), donate=donate).lower(*args)
+
     sharded_step.__name__ = f"sharded_{getattr(step, '__name__', 'step')}"
+    sharded_step.lower = lower  # type: ignore[attr-defined]
     return sharded_step
 
 
@@ -470,6 +488,8 @@ class Evaluation:
     t_comp: float
     memory: int
     collectives: int
+    # (kind, bytes, mesh axes, group size) of every collective the compiled step emits
+    emitted: tuple[tuple[str, int, tuple[str, ...], int], ...] = ()
 
 
 def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
@@ -493,26 +513,32 @@ def evaluate_on(
     from explorer.profile.backends import Backend, compile_program, measure, price_compiled
 
     graph, assignment = _configure(plan, step, args)
-    realised = realize(graph, assignment, make_mesh(plan.mesh))
+    # donated as a training loop donates: the step holds its parameters and optimizer state
+    # once, which is what the composed memory predicts
+    realised = realize(graph, assignment, make_mesh(plan.mesh), donate=True)
     abstract = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
     )
     kind = Backend(backend)
     # flat inputs, so that `measure` can build one device array per leaf
-    leaves, treedef = jax.tree_util.tree_flatten(abstract)
-    flat = jax.jit(lambda *xs: realised(*jax.tree_util.tree_unflatten(treedef, xs)))
-    compiled = compile_program(flat.lower(*leaves), kind)
+    leaves = jax.tree_util.tree_leaves(abstract)
+    compiled = compile_program(realised.flat_fn.lower(*leaves), kind)
     out = {}
     for name in platforms:
         if kind is Backend.MEASURED:
-            priced = measure(compiled, tuple(leaves), load_platform(name), plan.mesh, 0)
+            priced = measure(
+                compiled, tuple(leaves), load_platform(name), plan.mesh, donated=realised.donated
+            )
         else:
-            priced = price_compiled(compiled, load_platform(name), plan.mesh, 0)
+            priced = price_compiled(compiled, load_platform(name), plan.mesh)
         out[name] = Evaluation(
             time=priced.t_comm + priced.t_comp,
             t_comm=priced.t_comm,
             t_comp=priced.t_comp,
             memory=priced.memory,
             collectives=len(priced.collectives),
+            emitted=tuple(
+                (c.kind.value, c.nbytes, c.axes, c.group_size) for c in priced.collectives
+            ),
         )
     return out

@@ -6,6 +6,10 @@ each a `LinkLevel` with one latency/bandwidth pair per collective kind. Bandwidt
 bandwidths per device* in the sense nccl-tests reports as "busbw", so the ring formulas below
 turn a buffer size into a time without knowing the algorithm NCCL picked.
 
+The device has one peak per dtype its matrix units multiply in (`peak_flops_by_dtype`: an
+A100 does 19.5 TFLOP/s in f32, 156 in tf32 and 312 in bf16), keyed by the names
+`explorer.profile.compute.dot_flops` groups a program's dot FLOPs under.
+
 Presets live as JSON under `assets/platforms/` (each with the public sources of its figures);
 `calibrate` measures a platform from the devices JAX sees.
 """
@@ -22,7 +26,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,11 +35,19 @@ import numpy as np
 
 from explorer.errors import ExplorerError
 from explorer.mesh import MeshSpec, mesh_spec
+from explorer.profile.compute import DOT_DTYPES
 from explorer.profile.hlo import Collective, CollectiveKind
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "assets" / "platforms"
 SCHEMA_HINT = "see assets/platforms/a100-pcie-4.json for a complete example"
 KINDS = tuple(CollectiveKind)
+PEAKS_FIELD = "device.peak_flops_by_dtype"
+# Spellings people write for the HLO dtype names, to suggest the right one in errors.
+_DTYPE_ALIASES = {
+    "fp64": "f64", "float64": "f64", "fp32": "f32", "float32": "f32", "bfloat16": "bf16",
+    "fp16": "f16", "float16": "f16", "half": "f16", "fp8": "f8e4m3fn", "int8": "s8",
+    "uint8": "u8", "int32": "s32",
+}  # fmt: skip
 
 
 class PlatformError(ExplorerError):
@@ -96,19 +108,69 @@ class LinkLevel:
         )
 
 
+def _unknown_dtype_hint(dtype: str) -> str:
+    """Why `dtype` is not a dtype name a peak can be given for, and what to write instead."""
+    alias = _DTYPE_ALIASES.get(dtype.lower())
+    guess = f"; did you mean {alias!r}?" if alias else ""
+    return f"expected a dtype as HLO spells it, one of {list(DOT_DTYPES)}{guess}"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceModel:
+    """One device: dense peak of its matrix units per dtype, memory bandwidth and size.
+
+    `peak_flops_by_dtype` holds (dtype, FLOP/s) pairs sorted by dtype (OP/s for integer
+    dtypes); it must give "f32", the rate of elementwise work. Build one from a mapping with
+    `DeviceModel.of`.
+    """
+
     name: str
-    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s
-    peak_flops_fp32: float
+    peak_flops_by_dtype: tuple[tuple[str, float], ...]
     memory_bandwidth_Bps: float
     memory_bytes: int
 
     def __post_init__(self) -> None:
-        for field in ("peak_flops", "peak_flops_fp32", "memory_bandwidth_Bps", "memory_bytes"):
-            value = getattr(self, field)
+        peaks = dict(self.peak_flops_by_dtype)
+        if len(peaks) != len(self.peak_flops_by_dtype):
+            raise PlatformError(
+                f"device {self.name!r}: expected one peak per dtype, found "
+                f"{[d for d, _ in self.peak_flops_by_dtype]}"
+            )
+        for dtype, peak in peaks.items():
+            if dtype not in DOT_DTYPES:
+                raise PlatformError(
+                    f"device {self.name!r}: unknown dtype {dtype!r} in peak_flops_by_dtype; "
+                    + _unknown_dtype_hint(dtype)
+                )
+            if not (math.isfinite(peak) and peak > 0):
+                raise PlatformError(
+                    f"device {self.name!r}: expected the {dtype} peak > 0 FLOP/s, found {peak!r}"
+                )
+        if "f32" not in peaks:
+            raise PlatformError(
+                f"device {self.name!r}: peak_flops_by_dtype must give 'f32', the rate of "
+                f"elementwise work; found only {sorted(peaks)}"
+            )
+        for name in ("memory_bandwidth_Bps", "memory_bytes"):
+            value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
-                raise PlatformError(f"device {self.name!r}: expected {field} > 0, found {value!r}")
+                raise PlatformError(f"device {self.name!r}: expected {name} > 0, found {value!r}")
+        object.__setattr__(self, "peak_flops_by_dtype", tuple(sorted(peaks.items())))
+
+    @classmethod
+    def of(
+        cls, name: str, peaks: Mapping[str, float], memory_bandwidth_Bps: float, memory_bytes: int
+    ) -> DeviceModel:
+        return cls(name, tuple(peaks.items()), memory_bandwidth_Bps, memory_bytes)
+
+    def peak(self, dtype: str) -> float | None:
+        """Dense FLOP/s of `dtype` dots, or None when the device has no figure for it."""
+        return dict(self.peak_flops_by_dtype).get(dtype)
+
+
+def _check_amount(value: float, what: str) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise PlatformError(f"compute_time: expected {what} >= 0, found {value!r}")
 
 
 def ring_factor(kind: CollectiveKind, n: int) -> float:
@@ -139,6 +201,9 @@ class Platform:
     intra: LinkLevel
     inter: LinkLevel | None
     sources: tuple[str, ...]
+    # The file this platform was read from, named in errors; None when built in memory. Not
+    # part of the platform's identity: a preset and its saved copy are the same platform.
+    path: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.devices < 1 or self.devices_per_node < 1:
@@ -239,12 +304,57 @@ class Platform:
             group = group[: collective.group_size]
         return self.collective_time(collective.kind, collective.nbytes, group)
 
+    def peak_flops(self, dtype: str) -> float:
+        """Dense FLOP/s of the device's `dtype` dots; an error names what to add if missing."""
+        peak = self.device.peak(dtype)
+        if peak is not None:
+            return peak
+        where = f"platform file {self.path}" if self.path else f"platform {self.name!r}"
+        given = [d for d, _ in self.device.peak_flops_by_dtype]
+        unit = "OP/s" if dtype[0] in "su" else "FLOP/s"
+        raise PlatformError(
+            f"{where}: the program multiplies in {dtype}, but '{PEAKS_FIELD}' has no {dtype!r} "
+            f"entry (it gives {given}); add the device's dense {dtype} {unit} there (datasheet "
+            "or a measurement), or run the model in a dtype the device has"
+        )
+
     def compute_time(
-        self, flops: float, bytes_accessed: float, dtype_is_fp32: bool = False
+        self,
+        dot_flops: Sequence[tuple[str, float]] | Mapping[str, float],
+        other_flops: float,
+        bytes_accessed: float,
     ) -> float:
-        """Roofline: max(flops / peak FLOP/s, bytes accessed / memory bandwidth)."""
-        peak = self.device.peak_flops_fp32 if dtype_is_fp32 else self.device.peak_flops
-        return max(flops / peak, bytes_accessed / self.device.memory_bandwidth_Bps, 0.0)
+        """Seconds of computation of one program on one device, an additive roofline:
+
+            sum over dtypes d of dot_flops[d] / peak[d]
+            + other_flops / peak["f32"] + bytes_accessed / memory bandwidth
+
+        Additive on purpose, without overlap: the time of a program is then the sum of the
+        times of its pieces, so programs priced apart add up to the step they came from.
+
+        `dot_flops` is what `explorer.profile.compute.dot_flops` returns for the program
+        (dtype -> FLOPs of its dots and convolutions, as pairs or a mapping); `other_flops`
+        is every other FLOP (the cost analysis's total minus the dots), at the f32 rate.
+        A dtype without a peak on this platform is a `PlatformError` saying what to add.
+
+        One rule for f32 dots: they are priced at the f32 peak, not at TF32. JAX's default
+        precision *may* compute f32 dots in TF32 on recent GPUs (see "Matmul precision",
+        https://docs.jax.dev/en/latest/201/precision.html), but whether it does depends on the
+        XLA version and flags, and the f32 peak never predicts a step faster than it can run.
+        A program that wants TF32 asks for it (`jax.default_matmul_precision("tensorfloat32")`
+        or `precision="high"` on a dot); `dot_flops` then reports those dots as "tf32", priced
+        at the tf32 peak.
+        """
+        pairs = dot_flops.items() if isinstance(dot_flops, Mapping) else dot_flops
+        seconds = 0.0
+        for dtype, flops in pairs:
+            _check_amount(flops, f"{dtype} dot FLOPs")
+            if flops:
+                seconds += flops / self.peak_flops(dtype)
+        _check_amount(other_flops, "other_flops")
+        _check_amount(bytes_accessed, "bytes_accessed")
+        seconds += other_flops / self.peak_flops("f32")
+        return seconds + bytes_accessed / self.device.memory_bandwidth_Bps
 
     def scaled(self, bandwidth_factor: float) -> Platform:
         """A copy with every link bandwidth multiplied by `bandwidth_factor` (what-if studies)."""
@@ -277,8 +387,7 @@ class Platform:
             "devices_per_node": self.devices_per_node,
             "device": {
                 "name": d.name,
-                "peak_flops": d.peak_flops,
-                "peak_flops_fp32": d.peak_flops_fp32,
+                "peak_flops_by_dtype": dict(d.peak_flops_by_dtype),
                 "memory_bandwidth_Bps": d.memory_bandwidth_Bps,
                 "memory_bytes": d.memory_bytes,
             },
@@ -295,24 +404,28 @@ class Platform:
 class _Reader:
     """Reads one platform document, naming the file and field path in every error."""
 
-    def __init__(self, where: str) -> None:
+    def __init__(self, where: str | None) -> None:
         self.where = where
 
     def error(self, message: str) -> PlatformError:
-        return PlatformError(f"platform file {self.where}: {message}")
+        prefix = f"platform file {self.where}" if self.where else "platform document"
+        return PlatformError(f"{prefix}: {message}")
 
-    def obj(self, value: Any, path: str, fields: Sequence[str]) -> Mapping[str, Any]:
+    def obj(
+        self, value: Any, path: str, fields: Sequence[str], optional: Sequence[str] = ()
+    ) -> Mapping[str, Any]:
+        """`value` as an object with all of `fields` and any of `optional`, nothing else."""
         if not isinstance(value, Mapping):
             raise self.error(
                 f"field '{path}' must be an object with fields {list(fields)}, "
                 f"found {type(value).__name__} {value!r}"
             )
-        unknown = [k for k in value if k not in fields]
+        unknown = [k for k in value if k not in fields and k not in optional]
         if unknown:
             prefix = f"{path}." if path else ""
             raise self.error(
-                f"unknown field '{prefix}{unknown[0]}'; expected only {list(fields)} "
-                f"({SCHEMA_HINT})"
+                f"unknown field '{prefix}{unknown[0]}'; expected only "
+                f"{[*fields, *optional]} ({SCHEMA_HINT})"
             )
         for name in fields:
             if name not in value:
@@ -395,27 +508,7 @@ class _Reader:
                 "sources",
             ),
         )
-        dev = self.obj(
-            top["device"],
-            "device",
-            ("name", "peak_flops", "peak_flops_fp32", "memory_bandwidth_Bps", "memory_bytes"),
-        )
-        device = DeviceModel(
-            name=self.string(dev["name"], "device.name"),
-            peak_flops=self.number(
-                dev["peak_flops"], "device.peak_flops", positive=True, unit="FLOP/s"
-            ),
-            peak_flops_fp32=self.number(
-                dev["peak_flops_fp32"], "device.peak_flops_fp32", positive=True, unit="FLOP/s"
-            ),
-            memory_bandwidth_Bps=self.number(
-                dev["memory_bandwidth_Bps"],
-                "device.memory_bandwidth_Bps",
-                positive=True,
-                unit="bytes/s",
-            ),
-            memory_bytes=self.integer(dev["memory_bytes"], "device.memory_bytes"),
-        )
+        device = self.device(top["device"])
         devices = self.integer(top["devices"], "devices")
         per_node = self.integer(top["devices_per_node"], "devices_per_node")
         if devices % per_node:
@@ -448,11 +541,92 @@ class _Reader:
             intra=self.level(top["intra"], "intra"),
             inter=inter,
             sources=tuple(sources),
+            path=self.where,
         )
 
+    def device(self, value: Any) -> DeviceModel:
+        # Files written before per-dtype peaks give `peak_flops` (the bf16/f16 tensor-core
+        # figure) and `peak_flops_fp32`; they still load, as a table of those three dtypes.
+        legacy = ("peak_flops", "peak_flops_fp32")
+        dev = self.obj(
+            value,
+            "device",
+            ("name", "memory_bandwidth_Bps", "memory_bytes"),
+            optional=("peak_flops_by_dtype", *legacy),
+        )
+        given = [k for k in legacy if k in dev]
+        if "peak_flops_by_dtype" in dev and given:
+            raise self.error(
+                f"field '{PEAKS_FIELD}' and the older {given} both give peaks; keep only "
+                f"'{PEAKS_FIELD}' ({SCHEMA_HINT})"
+            )
+        if "peak_flops_by_dtype" in dev:
+            peaks = self.peaks(dev["peak_flops_by_dtype"])
+        elif given:
+            for name in legacy:
+                if name not in dev:
+                    raise self.error(
+                        f"missing field 'device.{name}' (the older form of '{PEAKS_FIELD}' "
+                        f"needs both {list(legacy)}); better, replace both by "
+                        f"'{PEAKS_FIELD}' ({SCHEMA_HINT})"
+                    )
+            tensor = self.number(
+                dev["peak_flops"], "device.peak_flops", positive=True, unit="FLOP/s"
+            )
+            fp32 = self.number(
+                dev["peak_flops_fp32"], "device.peak_flops_fp32", positive=True, unit="FLOP/s"
+            )
+            peaks = {"f32": fp32, "bf16": tensor, "f16": tensor}
+        else:
+            raise self.error(
+                f"missing field '{PEAKS_FIELD}'; add the device's dense FLOP/s per dtype, "
+                f'e.g. {{"f32": 19.5e12, "tf32": 156e12, "bf16": 312e12}} ({SCHEMA_HINT})'
+            )
+        return DeviceModel.of(
+            name=self.string(dev["name"], "device.name"),
+            peaks=peaks,
+            memory_bandwidth_Bps=self.number(
+                dev["memory_bandwidth_Bps"],
+                "device.memory_bandwidth_Bps",
+                positive=True,
+                unit="bytes/s",
+            ),
+            memory_bytes=self.integer(dev["memory_bytes"], "device.memory_bytes"),
+        )
 
-def platform_from_json(data: Any, where: str = "<json>") -> Platform:
-    """Validate a platform document (the parsed JSON) and build the Platform."""
+    def peaks(self, value: Any) -> dict[str, float]:
+        if not isinstance(value, Mapping) or not value:
+            raise self.error(
+                f"field '{PEAKS_FIELD}' must be a non-empty object of dtype -> dense FLOP/s, "
+                f'e.g. {{"f32": 19.5e12, "bf16": 312e12}}, found {type(value).__name__} '
+                f"{value!r}"
+            )
+        for dtype in value:
+            if dtype not in DOT_DTYPES:
+                raise self.error(
+                    f"unknown dtype '{PEAKS_FIELD}.{dtype}'; {_unknown_dtype_hint(str(dtype))}"
+                )
+        if "f32" not in value:
+            raise self.error(
+                f"missing field '{PEAKS_FIELD}.f32'; every device needs its f32 FLOP/s, the "
+                f"rate of elementwise work (found {list(value)})"
+            )
+        return {
+            dtype: self.number(
+                peak,
+                f"{PEAKS_FIELD}.{dtype}",
+                positive=True,
+                unit="OP/s" if dtype[0] in "su" else "FLOP/s",
+            )
+            for dtype, peak in value.items()
+        }
+
+
+def platform_from_json(data: Any, where: str | None = None) -> Platform:
+    """Validate a platform document (the parsed JSON) and build the Platform.
+
+    `where` names the file the document came from, in errors and as the platform's `path`.
+    """
     return _Reader(where).platform(data)
 
 
@@ -576,6 +750,15 @@ def _fit(samples: Sequence[_Sample]) -> LinkModel:
     return LinkModel(latency_s=float(a), bandwidth_Bps=float(1.0 / slope))
 
 
+# What calibration times, as (dtype name of the peak, input dtype, JAX matmul precision): f32
+# at full precision (the default may be TF32 on GPUs), tf32 as JAX's "tensorfloat32" asks.
+_MEASURED_DTYPES = (
+    ("f32", "float32", "highest"),
+    ("tf32", "float32", "high"),
+    ("bf16", "bfloat16", "default"),
+)
+
+
 def _run_matmul(matmul: Callable[[Any, Any], Any], a: Any) -> Any:
     return matmul(a, a).block_until_ready()
 
@@ -586,12 +769,12 @@ def _measure_device(repeats: int) -> DeviceModel:
 
     dev = jax.devices()[0]
     size = 1024
-    matmul = jax.jit(lambda p, q: p @ q)
-    peaks = []
-    for dtype in (jnp.bfloat16, jnp.float32):
+    peaks = {}
+    for name, dtype, precision in _MEASURED_DTYPES:
+        matmul = jax.jit(partial(jnp.matmul, precision=precision))
         a = jax.device_put(jnp.ones((size, size), dtype), dev)
         seconds = _median_time(partial(_run_matmul, matmul, a), repeats)
-        peaks.append(2 * size**3 / seconds)
+        peaks[name] = 2 * size**3 / seconds
     elems = 16 * 2**20  # 64 MiB of float32: well past the caches of a CPU
     buf = jax.device_put(jnp.ones((elems,), jnp.float32), dev)
     scale = jax.jit(lambda v: v * 2.0)
@@ -606,10 +789,9 @@ def _measure_device(repeats: int) -> DeviceModel:
     else:  # CPU devices share host memory
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         memory //= max(1, jax.local_device_count())
-    return DeviceModel(
+    return DeviceModel.of(
         name=f"{dev.platform}:{getattr(dev, 'device_kind', 'device')}",
-        peak_flops=peaks[0],
-        peak_flops_fp32=peaks[1],
+        peaks=peaks,
         memory_bandwidth_Bps=2 * 4 * elems / seconds,  # read + write
         memory_bytes=memory,
     )
@@ -683,7 +865,9 @@ def calibrate(
         description=(
             f"Measured on {count} {platform_name} devices ({nodes} node(s) x {per_node}) with "
             f"sizes {min(sizes)}..{max(sizes)} bytes, median of {repeats} runs. Device "
-            "figures are rough: one 1024^3 matmul and one 64 MiB elementwise pass."
+            "figures are rough: one 1024^3 matmul per dtype measured ("
+            f"{', '.join(n for n, _, _ in _MEASURED_DTYPES)}; other dtypes have no peak) and "
+            "one 64 MiB elementwise pass."
         ),
         devices=count,
         devices_per_node=per_node,
@@ -697,11 +881,12 @@ def calibrate(
 def format_platform(platform: Platform) -> str:
     """A small table of a platform's figures, for the command line."""
     d = platform.device
+    peaks = ", ".join(f"{dtype} {peak / 1e12:.3g}" for dtype, peak in d.peak_flops_by_dtype)
     lines = [
         f"{platform.name}: {platform.devices} devices, {platform.devices_per_node} per node",
-        f"  device {d.name}: {d.peak_flops / 1e12:.3g} TFLOP/s (bf16/fp16), "
-        f"{d.peak_flops_fp32 / 1e12:.3g} TFLOP/s (fp32), "
-        f"{d.memory_bandwidth_Bps / 1e9:.3g} GB/s memory, {d.memory_bytes / 2**30:.3g} GiB",
+        f"  device {d.name}: {d.memory_bandwidth_Bps / 1e9:.3g} GB/s memory, "
+        f"{d.memory_bytes / 2**30:.3g} GiB",
+        f"  peak TFLOP/s: {peaks}",
         f"  {'level':<28} {'kind':<20} {'latency (us)':>13} {'busbw (GB/s)':>13}",
     ]
     for label, level in (("intra", platform.intra), ("inter", platform.inter)):

@@ -18,27 +18,64 @@ from jax.sharding import Mesh, NamedSharding
 
 from explorer import _jax_compat as jc
 from explorer.errors import ArgumentMismatchError
-from explorer.ir import Graph, ShardingAssignment
+from explorer.ir import Graph, ShardingAssignment, ValueKind, path_suffix
 from explorer.mesh import named_sharding
 
 
 @dataclass(frozen=True, slots=True)
 class RealizedStep:
-    """A sharded step with the original step's signature, and its shardings."""
+    """A sharded step with the original step's signature, and its shardings.
 
-    fn: Any  # the jitted function (jax.stages.Wrapped)
+    `flat_fn` is the jitted program over the flattened arguments (what is compiled); with
+    donation, the parameters and optimizer state it reads are donated to the updated ones it
+    returns, as a training loop does (`state = step(state, batch)`), so a step holds them
+    once, not twice.
+    """
+
+    flat_fn: Any  # the jitted function over flat leaves (jax.stages.Wrapped)
     in_shardings: tuple[Any, ...]  # pytree of NamedSharding per argument
     out_shardings: Any
     mesh: Mesh
+    in_tree: Any
+    donated: tuple[int, ...]  # positions of the donated flat arguments
 
     def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
+        return self.flat_fn(*self._leaves(args))
 
     def lower(self, *args: Any) -> Any:
-        return self.fn.lower(*args)
+        return self.flat_fn.lower(*self._leaves(args))
+
+    def _leaves(self, args: tuple[Any, ...]) -> list[Any]:
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        if tree != self.in_tree:
+            raise ArgumentMismatchError(
+                f"expected arguments with the traced structure\n{self.in_tree}\nfound\n{tree}"
+            )
+        return leaves
 
 
-def realize(graph: Graph, assignment: ShardingAssignment, mesh: Mesh) -> RealizedStep:
+def donatable_inputs(graph: Graph) -> tuple[int, ...]:
+    """Positions of the step arguments a training loop hands over: parameters and optimizer
+    state that the step returns updated (a result of the same path suffix and shape)."""
+    results = {
+        (path_suffix(path), graph.values[vid].type.shape, graph.values[vid].type.dtype)
+        for vid, path in zip(graph.outputs, graph.output_paths, strict=False)
+    }
+    donated = []
+    for position, vid in enumerate(graph.inputs):
+        value = graph.values[vid]
+        if value.kind not in (ValueKind.PARAMETER, ValueKind.OPTIMIZER_STATE):
+            continue
+        if (path_suffix(value.path), value.type.shape, value.type.dtype) in results:
+            donated.append(position)
+    return tuple(donated)
+
+
+def realize(
+    graph: Graph, assignment: ShardingAssignment, mesh: Mesh, *, donate: bool = False
+) -> RealizedStep:
+    """The step under `assignment`, jitted; `donate=True` donates its parameters and
+    optimizer state (`donatable_inputs`)."""
     if graph.program is None:
         raise ArgumentMismatchError("this Graph carries no program to realise (was it traced?)")
     # graph op ids are the whole program's equation indices
@@ -47,23 +84,20 @@ def realize(graph: Graph, assignment: ShardingAssignment, mesh: Mesh) -> Realize
     )
     program = graph.program
 
-    def sharded_step(*args: Any) -> Any:
-        flat, tree = jax.tree_util.tree_flatten(args)
-        if tree != graph.in_tree:
-            raise ArgumentMismatchError(
-                f"expected arguments with the traced structure\n{graph.in_tree}\nfound\n{tree}"
-            )
+    def sharded_step(*flat: Any) -> Any:
         results = jc.evaluate(program, flat, constrain_value, constrain_operand)
         return jax.tree_util.tree_unflatten(graph.out_tree, results)
 
-    in_shardings = jax.tree_util.tree_unflatten(
-        graph.in_tree, [named_sharding(mesh, d) for d in assignment.inputs]
-    )
+    flat_in = tuple(named_sharding(mesh, d) for d in assignment.inputs)
+    in_shardings = jax.tree_util.tree_unflatten(graph.in_tree, list(flat_in))
     out_shardings = jax.tree_util.tree_unflatten(
         graph.out_tree, [named_sharding(mesh, d) for d in assignment.outputs]
     )
-    fn = jax.jit(sharded_step, in_shardings=tuple(in_shardings), out_shardings=out_shardings)
-    return RealizedStep(fn, tuple(in_shardings), out_shardings, mesh)
+    donated = donatable_inputs(graph) if donate else ()
+    fn = jax.jit(
+        sharded_step, in_shardings=flat_in, out_shardings=out_shardings, donate_argnums=donated
+    )
+    return RealizedStep(fn, tuple(in_shardings), out_shardings, mesh, graph.in_tree, donated)
 
 
 def _hooks(
@@ -121,13 +155,21 @@ def segment_program(
     assignment: ShardingAssignment,
     mesh: Mesh,
     input_layouts: dict[int, Any] | None = None,
+    *,
+    after: tuple[tuple[int, ...], tuple[int, ...]] = ((), ()),
 ) -> StandaloneProgram:
     """The ops of one segment instance as a program of their own.
 
     Its inputs are every value the ops read but do not make: step inputs keep the layout the
     assignment gives them, values listed in `input_layouts` (the boundary tensors) arrive in
-    that layout, and anything else arrives replicated. Block values inside keep their
-    sharding constraints, so the partitioner inserts the same communication as in the step.
+    that layout, and anything else arrives where the assignment places it. Every value keeps
+    its sharding constraint, so the partitioner inserts the same communication as in the step.
+
+    `after = (late, first)`: inputs in `late` (the cotangents the next instance sends back)
+    are read only once the values in `first` (the activations this instance sends it) exist
+    (`_tie_late_inputs`). In the whole step that order is forced by the data; standalone,
+    the compiler would otherwise be free to combine the backward pass's all-reduces with
+    the forward pass's, which the step it stands for cannot.
     """
     program = graph.program.subprogram(ops)
     position = {vid: i for i, vid in enumerate(graph.inputs)}
@@ -144,13 +186,63 @@ def segment_program(
         shardings.append(named_sharding(mesh, dims))
     eqn_position = {op: i for i, op in enumerate(sorted(set(ops)))}
     constrain_value, constrain_operand = _hooks(assignment, mesh, eqn_position)
+    late = [v for v in after[0] if v in set(program.invars)]
+    first = [v for v in after[1] if v in set(program.outvars)]
+    tied = _tie_late_inputs(graph, late, first, {**values, **layouts})
+    if tied:
+        # one replicated zero scalar, an input the compiler cannot fold
+        shardings.append(named_sharding(mesh, ()))
 
     def run(*flat: Any) -> Any:
-        return tuple(jc.evaluate(program, flat, constrain_value, constrain_operand))
+        if not tied:
+            return tuple(jc.evaluate(program, flat, constrain_value, constrain_operand))
+        *inputs, zero = flat
+        made: dict[int, Any] = {}
+
+        def on_value(vid: int, x: Any) -> Any:
+            x = constrain_value(vid, x)
+            made[vid] = x
+            return x
+
+        def on_operand(eqn: int, position: int, x: Any) -> Any:
+            vid = program.eqns[eqn].invars[position]
+            if vid in tied:
+                # late + 0 * first: the same numbers, read only once `first` exists
+                x = x + zero.astype(x.dtype) * made[tied[vid]]
+            return constrain_operand(eqn, position, x)
+
+        return tuple(jc.evaluate(program, inputs, on_value, on_operand))
 
     fn = jax.jit(run, in_shardings=tuple(shardings))
-    inputs = tuple(program.abstract(v, s) for v, s in zip(program.invars, shardings, strict=True))
+    inputs = tuple(program.abstract(v, s) for v, s in zip(program.invars, shardings, strict=False))
+    if tied:
+        inputs += (jax.ShapeDtypeStruct((), np.float32, sharding=shardings[-1]),)
     return StandaloneProgram(fn, inputs, program.invars, program.outvars)
+
+
+def _tie_late_inputs(
+    graph: Graph, late: list[int], first: list[int], layouts: dict[int, Any]
+) -> dict[int, int]:
+    """Pair each late input with a value of `first` of its shape, dtype and layout.
+
+    An optimization barrier does not stop XLA's all-reduce combiner (it becomes a control
+    dependency), so the order is made a data dependency: `late + 0 * first`, an elementwise
+    op between tensors laid out alike, which moves no data. A late input without such a
+    partner is left as it is.
+    """
+    pairs: dict[int, int] = {}
+    for vid in late:
+        value = graph.values[vid]
+        for other in first:
+            partner = graph.values[other]
+            if (
+                partner.type == value.type
+                and layouts.get(other) == layouts.get(vid)
+                and np.issubdtype(np.dtype(value.type.dtype), np.floating)
+            ):
+                pairs[vid] = other
+                break
+    return pairs
 
 
 def reshard_program(

@@ -19,6 +19,7 @@ import hashlib
 import math
 import re
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from explorer import affine
@@ -362,9 +363,11 @@ def _boundaries(graph: Graph, segment_of_op: list[int], count: int) -> tuple[Bou
                 continue
             source = segment_of_op[producer]
             kind = graph.ops[producer].role
-            if source == reader - 1 and op.role is Role.FORWARD and kind is Role.FORWARD:
+            # an activation the next instance reads, in its forward pass or saved for its
+            # backward pass; a cotangent the previous instance reads
+            if source == reader - 1 and kind is Role.FORWARD and op.role is not Role.OPTIMIZER:
                 forward[source].add(vid)
-            if source == reader + 1 and op.role is Role.BACKWARD and kind is Role.BACKWARD:
+            if source == reader + 1 and kind is Role.BACKWARD and op.role is Role.BACKWARD:
                 backward[reader].add(vid)
     return tuple(
         Boundary(i, tuple(sorted(forward[i])), tuple(sorted(backward[i]))) for i in range(count - 1)
@@ -393,15 +396,24 @@ class ProgramCount:
         return f"({seg}) + ({pairs}) = {self.total}"
 
 
-def program_count(segmentation: Segmentation, analysis: BlockAnalysis) -> ProgramCount:
+def program_count(
+    segmentation: Segmentation,
+    analysis: BlockAnalysis,
+    dependencies: Sequence[tuple[int, ...]] = (),
+) -> ProgramCount:
+    """Eq. 7, with the extra programs of a type whose cost depends on another instance's
+    block (`dependencies`, per instance: see `layouts.external_blocks`): one per strategy
+    of that block."""
     blocks = analysis.blocks
     first_instance: dict[int, SegmentInstance] = {}
     for instance in segmentation.instances:
         first_instance.setdefault(instance.unique_id, instance)
-    per_type = tuple(
-        (t, math.prod(len(blocks[b].strategies) for b in inst.blocks))
-        for t, inst in sorted(first_instance.items())
-    )
+
+    def configurations(instance: SegmentInstance) -> int:
+        depends = dependencies[instance.index] if dependencies else ()
+        return math.prod(len(blocks[b].strategies) for b in (*instance.blocks, *depends))
+
+    per_type = tuple((t, configurations(inst)) for t, inst in sorted(first_instance.items()))
 
     def edge_strategies(instance: SegmentInstance, last: bool) -> int:
         if not instance.blocks:

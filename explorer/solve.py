@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,9 +73,50 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     instances that share options (one segment type) take the same configuration.
     """
     allowed = _allowed(model, pins or {})
-    if uniform:
-        return _uniform(model, allowed)
-    return _frontier(_chain(model, allowed))
+    candidates: list[tuple[float, int, Selection]] = []
+    for narrowed in _consistent_choices(model, allowed):
+        candidates += _uniform(model, narrowed) if uniform else _chain(model, narrowed)
+    if uniform and not candidates:
+        raise AnalysisError("the pins leave some segment type no common configuration")
+    return _frontier(candidates, model)
+
+
+def _consistent_choices(model: CostModel, allowed: list[list[int]]) -> Iterator[list[list[int]]]:
+    """`allowed` narrowed to each joint strategy of the blocks some instance depends on.
+
+    An option priced under one strategy of a block in another instance (its `context`) only
+    goes with the options of that instance that give the block that strategy; enumerating
+    the (few) joint strategies of those blocks keeps every plan one real program.
+    """
+    targets = sorted({b for depends in model.dependencies for b in depends})
+    if not targets:
+        yield allowed
+        return
+    where = {}
+    for n, blocks in enumerate(model.instance_blocks):
+        for position, block in enumerate(blocks):
+            where[block] = (n, position)
+    choices = [
+        sorted({model.options[where[b][0]][i].choices[where[b][1]] for i in allowed[where[b][0]]})
+        for b in targets
+    ]
+    for combo in itertools.product(*choices):
+        fixed = dict(zip(targets, combo, strict=True))
+        narrowed = []
+        for n, indices in enumerate(allowed):
+            wanted_context = tuple(fixed[b] for b in model.dependencies[n])
+            own = [(p, fixed[b]) for b, (m, p) in where.items() if m == n and b in fixed]
+            keep = [
+                i
+                for i in indices
+                if model.options[n][i].context == wanted_context
+                and all(model.options[n][i].choices[p] == c for p, c in own)
+            ]
+            if not keep:
+                break
+            narrowed.append(keep)
+        else:
+            yield narrowed
 
 
 def _allowed(model: CostModel, pins: Pins) -> list[list[int]]:
@@ -253,20 +294,30 @@ def _pareto(times: np.ndarray, memory: np.ndarray) -> np.ndarray:
     return np.asarray(order[keep])
 
 
-def _frontier(candidates: Sequence[tuple[float, int, Selection]]) -> Frontier:
-    """Pareto-filter the candidates, then name the plans of the survivors only."""
+def _frontier(candidates: Sequence[tuple[float, int, Selection]], model: CostModel) -> Frontier:
+    """Pareto-filter the candidates, then name the plans of the survivors only.
+
+    The chain prices combinable collectives without their shared latency (it depends on the
+    whole plan): survivors are re-timed with `CostModel.time` and filtered again.
+    """
     if not candidates:
         raise AnalysisError("no plan: every configuration combination is infeasible")
     times = np.array([c[0] for c in candidates])
     memory = np.array([c[1] for c in candidates], dtype=np.int64)
     keep = _pareto(times, memory)
-    points = sorted((candidates[k] for k in keep), key=lambda c: c[1])
-    return Frontier(
-        tuple(FrontierPoint(t, m, sel() if callable(sel) else sel) for t, m, sel in points)
+    named = [candidates[k][2] for k in keep]
+    selections = [sel() if callable(sel) else sel for sel in named]
+    times = np.array([model.time(sel) for sel in selections])
+    memory = memory[keep]
+    final = _pareto(times, memory)
+    points = sorted(
+        (FrontierPoint(float(times[k]), int(memory[k]), selections[k]) for k in final),
+        key=lambda p: p.memory,
     )
+    return Frontier(tuple(points))
 
 
-def _uniform(model: CostModel, allowed: list[list[int]]) -> Frontier:
+def _uniform(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int, Selection]]:
     """One configuration per group of instances sharing their options (a segment type)."""
     groups: dict[int, list[int]] = {}
     for n, options in enumerate(model.options):
@@ -276,8 +327,8 @@ def _uniform(model: CostModel, allowed: list[list[int]]) -> Frontier:
         sorted(set.intersection(*(set(allowed[n]) for n in group))) for group in members
     ]
     if any(not c for c in choices_per_group):
-        raise AnalysisError("the pins leave some segment type no common configuration")
-    candidates = []
+        return []
+    candidates: list[tuple[float, int, Selection]] = []
     for combo in itertools.product(*choices_per_group):
         selection = [0] * len(model.options)
         for group, choice in zip(members, combo, strict=True):
@@ -286,7 +337,7 @@ def _uniform(model: CostModel, allowed: list[list[int]]) -> Frontier:
         time = model.time(selection)
         if np.isfinite(time):
             candidates.append((time, model.memory(selection), tuple(selection)))
-    return _frontier(candidates)
+    return candidates
 
 
 def _gib(value: float) -> str:

@@ -279,9 +279,10 @@ def segment_input_layouts(
 ) -> dict[int, DimAxes]:
     """Boundary layouts of instance `index` under `choices` (one per block of the instance).
 
-    The forward activation arrives as the instance's first block wants it; the cotangent of
-    its output arrives as its last block produced the output. Moving between those and the
-    neighbours' layouts is the resharding programs' job, priced separately (T_R).
+    Each tensor crossing into the instance arrives where `boundary_moves` takes it: the
+    forward activation as its first block wants it, the cotangent of its output as its last
+    block produced the output (replicated at an instance without blocks). Moving between
+    those and the neighbours' layouts is the resharding programs' job, priced separately (T_R).
     """
     instance = segmentation.instances[index]
     if len(choices) != len(instance.blocks):
@@ -289,18 +290,19 @@ def segment_input_layouts(
             f"segment {instance.label!r}: expected {len(instance.blocks)} strategy choices "
             f"(one per block), found {len(choices)}"
         )
-    if not instance.blocks:
-        return {}
-    first, last = blocks[instance.blocks[0]], blocks[instance.blocks[-1]]
-    first_strategy = first.strategies[choices[0]]
-    last_strategy = last.strategies[choices[-1]]
+    first = choices[0] if choices else 0
+    last = choices[-1] if choices else 0
     layouts: dict[int, DimAxes] = {}
     if index > 0:
-        for vid in segmentation.boundaries[index - 1].forward:
-            layouts[vid] = wanted_layout(graph, first, first_strategy, vid)
+        crossing = set(segmentation.boundaries[index - 1].forward)
+        moves = boundary_moves(
+            graph, blocks, segmentation, index - 1, last_choice=0, first_choice=first
+        )
+        layouts.update((v, wanted) for v, _, wanted in moves if v in crossing)
     if index < len(segmentation.boundaries):
-        for vid in segmentation.boundaries[index].backward:
-            layouts[vid] = produced_layout(graph, last, last_strategy, vid)
+        crossing = set(segmentation.boundaries[index].backward)
+        moves = boundary_moves(graph, blocks, segmentation, index, last_choice=last, first_choice=0)
+        layouts.update((v, wanted) for v, _, wanted in moves if v in crossing)
     return layouts
 
 

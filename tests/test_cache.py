@@ -212,6 +212,7 @@ def test_to_frame_columns(tmp_path: Path) -> None:
         "created",
         "flops",
         "bytes_accessed",
+        "dot_flops",
     ]
     assert list(frame["status"]) == ["ok", "infeasible"]
     assert frame["memory"].iloc[0] == 1 << 33
@@ -407,7 +408,7 @@ def test_threads_share_one_cache(tmp_path: Path) -> None:
 
 
 def test_a_version_one_cache_is_migrated_in_place(tmp_path: Path) -> None:
-    """Schema 1 had no cost-analysis columns: its rows survive the upgrade."""
+    """Schema 1 had no cost-analysis columns: its rows survive the upgrade as misses."""
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as db:
         db.execute(
@@ -425,5 +426,11 @@ def test_a_version_one_cache_is_migrated_in_place(tmp_path: Path) -> None:
         )
         db.execute("PRAGMA user_version = 1")
     with ProfileCache(path) as store:
-        found = store.get(old.key)
-        assert found is not None and found.t_comm == old.t_comm and found.flops == 0.0
+        assert len(store) == 1  # the row survives the upgrade...
+        with pytest.warns(CacheWarning, match="1 cached profile"):
+            found = store.get_many([old.key])
+        # ...but without cost analysis it is never priced as free compute: a miss
+        assert found == {}
+        fresh = dataclasses.replace(old, flops=2.0e6, bytes_accessed=1.0e6)
+        store.put(fresh)
+        assert store.get(old.key) == fresh

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -23,6 +24,7 @@ from explorer.models import (
     moe,
 )
 from explorer.models._common import BaseConfig
+from explorer.trace import trace
 
 MODEL_NAMES = sorted(MODELS)
 CONTROL_FLOW = {"scan", "while", "cond"}
@@ -164,7 +166,60 @@ def test_paper_preset_abstract_step() -> None:
     assert loss.shape == () and loss.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("cls", [GPTConfig, LlamaConfig, MoEConfig, BertConfig])
+CONFIGS = [GPTConfig, LlamaConfig, MoEConfig, BertConfig]
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
+def test_presets_are_listed_and_bf16_variants_change_only_the_dtype(cls: type[BaseConfig]) -> None:
+    # PRESETS is what the CLI and the UI can offer: every preset classmethod is in it.
+    defined = {n for n in dir(cls) if isinstance(inspect.getattr_static(cls, n), classmethod)}
+    assert defined == set(cls.PRESETS)
+    for name in cls.PRESETS:
+        config = getattr(cls, name)()
+        assert type(config) is cls
+        if name.endswith("_bf16"):
+            base = getattr(cls, name.removesuffix("_bf16"))()
+            assert config == base.replace(dtype="bfloat16")
+        else:
+            assert config.dtype == "float32"
+
+
+def _dot_operand_dtypes(jaxpr: Any) -> set[str]:
+    found: set[str] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found |= {str(v.aval.dtype) for v in eqn.invars}
+        for value in eqn.params.values():
+            for sub in _subjaxprs(value):
+                found |= _dot_operand_dtypes(sub)
+    return found
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_tiny_bf16_preset_steps_in_bf16(name: str) -> None:
+    model_fn, config_cls = MODELS[name]
+    step, args = model_fn(config_cls.tiny_bf16())
+    params = args[0]
+    assert {str(p.dtype) for p in jax.tree.leaves(params)} == {"bfloat16"}
+    # every matmul multiplies bf16 by bf16; softmax, norms and the loss stay f32 inside
+    assert _dot_operand_dtypes(jax.make_jaxpr(step)(*args).jaxpr) == {"bfloat16"}
+    loss, new_params, new_opt_state = jax.jit(step)(*args)
+    assert loss.dtype == jnp.float32 and bool(jnp.isfinite(loss))
+    assert {str(p.dtype) for p in jax.tree.leaves(new_params)} == {"bfloat16"}
+    # AdamW moments follow the parameters (the step count stays int32)
+    assert {str(x.dtype) for x in jax.tree.leaves(new_opt_state)} == {"bfloat16", "int32"}
+    if name == "gpt":  # and the explorer traces it into a graph
+        assert trace(step, *args).ops
+
+
+def test_paper_bf16_preset_halves_parameter_bytes() -> None:
+    def nbytes(config: BaseConfig) -> int:
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(config.abstract_params()))
+
+    assert 2 * nbytes(BertConfig.bert_large_bf16()) == nbytes(BertConfig.bert_large())
+
+
+@pytest.mark.parametrize("cls", CONFIGS)
 def test_config_validation(cls: type[BaseConfig]) -> None:
     with pytest.raises(ValueError, match="hidden"):
         cls(hidden=60, heads=8)

@@ -8,10 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from explorer.mesh import mesh_spec
 from explorer.platforms import (
     KINDS,
+    DeviceModel,
     LinkLevel,
     LinkModel,
     Platform,
@@ -105,8 +108,32 @@ def test_missing_collective_kind_is_rejected(tmp_path: Path) -> None:
         (lambda d: d.update(devices=6), r"'devices' \(6\) must be a multiple"),
         (lambda d: d.update(devices="4"), r"'devices' must be a positive integer"),
         (
-            lambda d: d["device"].update(peak_flops="fast"),
-            r"'device\.peak_flops' must be a number",
+            lambda d: d["device"]["peak_flops_by_dtype"].update(bf16="fast"),
+            r"'device\.peak_flops_by_dtype\.bf16' must be a number \(FLOP/s\)",
+        ),
+        (
+            lambda d: d["device"]["peak_flops_by_dtype"].update(s8=-1),
+            r"'device\.peak_flops_by_dtype\.s8' must be > 0 \(OP/s\)",
+        ),
+        (
+            lambda d: d["device"]["peak_flops_by_dtype"].update(fp16=1e12),
+            r"unknown dtype 'device\.peak_flops_by_dtype\.fp16'; .* did you mean 'f16'\?",
+        ),
+        (
+            lambda d: d["device"]["peak_flops_by_dtype"].pop("f32"),
+            r"missing field 'device\.peak_flops_by_dtype\.f32'",
+        ),
+        (
+            lambda d: d["device"].update(peak_flops_by_dtype=[312e12]),
+            r"'device\.peak_flops_by_dtype' must be a non-empty object of dtype",
+        ),
+        (
+            lambda d: d["device"].pop("peak_flops_by_dtype"),
+            r"missing field 'device\.peak_flops_by_dtype'",
+        ),
+        (
+            lambda d: d["device"].update(peak_flops=312e12),
+            r"'device\.peak_flops_by_dtype' and the older \['peak_flops'\] both give peaks",
         ),
         (lambda d: d.update(sources=[]), r"'sources' must be a non-empty list"),
         (lambda d: d.update(devices=8), r"'inter' is null"),
@@ -190,19 +217,112 @@ def test_scaled_bandwidth_cuts_communication_not_compute() -> None:
             slow_t = platform.collective_time(kind, nbytes, group)
             fast_t = fast.collective_time(kind, nbytes, group)
             assert slow_t / fast_t == pytest.approx(10, rel=0.02)
-    assert fast.compute_time(1e12, 1e9) == platform.compute_time(1e12, 1e9)
+    work = ({"bf16": 1e12}, 1e9, 1e9)
+    assert fast.compute_time(*work) == platform.compute_time(*work)
     with pytest.raises(PlatformError):
         platform.scaled(0)
 
 
-def test_compute_time_roofline() -> None:
-    platform = load_platform("h100-sxm-8")
-    d = platform.device
-    assert platform.compute_time(1e15, 0) == pytest.approx(1e15 / d.peak_flops)
-    assert platform.compute_time(1e12, 0, dtype_is_fp32=True) == pytest.approx(
-        1e12 / d.peak_flops_fp32
+def test_presets_give_datasheet_peaks_per_dtype() -> None:
+    a100, h100 = load_platform("a100-pcie-4").device, load_platform("h100-sxm-8").device
+    assert (a100.peak("f32"), a100.peak("tf32"), a100.peak("bf16")) == (19.5e12, 156e12, 312e12)
+    assert a100.peak("f16") == 312e12 and a100.peak("f8e4m3fn") is None
+    assert (h100.peak("f32"), h100.peak("bf16"), h100.peak("f8e4m3fn")) == (67e12, 989e12, 1979e12)
+    v100 = load_platform("v100-nvlink-4").device
+    assert (v100.peak("f32"), v100.peak("f16"), v100.peak("bf16")) == (15.7e12, 125e12, None)
+    cpu = load_platform("cpu-local").device
+    assert {cpu.peak(d) for d in ("f32", "tf32", "bf16", "f16", "f8e4m3fn", "f8e5m2")} == {11e9}
+
+
+def test_compute_time_is_an_additive_roofline_per_dtype() -> None:
+    platform = load_platform("a100-pcie-4")
+    expected = 4e12 / 312e12 + 2e12 / 19.5e12 + 3e12 / 156e12 + 1e9 / 19.5e12 + 5e9 / 1555e9
+    dots = {"bf16": 4e12, "f32": 2e12, "tf32": 3e12}
+    assert platform.compute_time(dots, 1e9, 5e9) == pytest.approx(expected)
+    # pairs (what dot_flops returns) and a mapping are the same
+    assert platform.compute_time(tuple(sorted(dots.items())), 1e9, 5e9) == pytest.approx(expected)
+    assert platform.compute_time((), 0, 0) == 0.0
+    assert platform.compute_time({"s8": 624e12}, 0, 0) == pytest.approx(1.0)
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(("f32", "tf32", "bf16", "f16", "s8")),
+        st.floats(0, 1e15),
+        max_size=5,
+    ),
+    st.floats(0, 1e12),
+    st.floats(0, 1e12),
+    st.floats(0, 1),
+)
+def test_compute_time_of_pieces_adds_up(
+    dots: dict[str, float], other: float, accessed: float, share: float
+) -> None:
+    platform = load_platform("a100-pcie-8")
+    first = {d: f * share for d, f in dots.items()}
+    second = {d: f - first[d] for d, f in dots.items()}
+    whole = platform.compute_time(dots, other, accessed)
+    pieces = platform.compute_time(first, other * share, accessed * share) + (
+        platform.compute_time(second, other * (1 - share), accessed * (1 - share))
     )
-    assert platform.compute_time(1.0, 1e12) == pytest.approx(1e12 / d.memory_bandwidth_Bps)
+    assert pieces == pytest.approx(whole, rel=1e-9, abs=1e-15)
+
+
+def test_missing_dtype_names_file_field_and_fix() -> None:
+    v100 = load_platform("v100-nvlink-4")
+    with pytest.raises(PlatformError) as err:
+        v100.compute_time({"bf16": 1e12}, 0, 0)
+    message = str(err.value)
+    assert "v100-nvlink-4.json" in message and "'device.peak_flops_by_dtype'" in message
+    assert "bf16" in message and "add the device's dense bf16 FLOP/s" in message
+    with pytest.raises(PlatformError, match=r"no 's8' entry.*dense s8 OP/s"):
+        v100.compute_time({"s8": 1.0}, 0, 0)
+    # built in memory: the error names the platform instead of a file
+    in_memory = platform_from_json(_doc("v100-nvlink-4"))
+    assert in_memory.path is None and in_memory == v100
+    with pytest.raises(PlatformError, match=r"^platform 'v100-nvlink-4': .*'bf16'"):
+        in_memory.peak_flops("bf16")
+    # a scaled copy still points at the file its peaks came from
+    with pytest.raises(PlatformError, match=r"v100-nvlink-4\.json"):
+        v100.scaled(2).compute_time({"f8e4m3fn": 1.0}, 0, 0)
+
+
+def test_compute_time_rejects_negative_work() -> None:
+    platform = load_platform("h100-sxm-8")
+    with pytest.raises(PlatformError, match=r"expected bf16 dot FLOPs >= 0, found -1"):
+        platform.compute_time({"bf16": -1.0}, 0, 0)
+    with pytest.raises(PlatformError, match=r"expected bytes_accessed >= 0, found nan"):
+        platform.compute_time({}, 0, float("nan"))
+
+
+def test_older_files_with_two_peaks_still_load(tmp_path: Path) -> None:
+    doc = _doc()
+    doc["device"].pop("peak_flops_by_dtype")
+    doc["device"].update(peak_flops=312e12, peak_flops_fp32=19.5e12)
+    platform = load_platform(_write(tmp_path, doc))
+    assert platform.device.peak_flops_by_dtype == (
+        ("bf16", 312e12),
+        ("f16", 312e12),
+        ("f32", 19.5e12),
+    )
+    assert "peak_flops_by_dtype" in platform.to_json()["device"]
+    assert "peak_flops" not in platform.to_json()["device"]
+    del doc["device"]["peak_flops_fp32"]
+    with pytest.raises(PlatformError, match=r"missing field 'device\.peak_flops_fp32'"):
+        load_platform(_write(tmp_path, doc))
+
+
+def test_device_model_checks_its_table() -> None:
+    with pytest.raises(PlatformError, match=r"unknown dtype 'bfloat16'.*did you mean 'bf16'"):
+        DeviceModel.of("gpu", {"f32": 1e12, "bfloat16": 1e12}, 1e9, 1)
+    with pytest.raises(PlatformError, match="must give 'f32'"):
+        DeviceModel.of("gpu", {"bf16": 1e12}, 1e9, 1)
+    with pytest.raises(PlatformError, match=r"expected the bf16 peak > 0"):
+        DeviceModel.of("gpu", {"f32": 1e12, "bf16": 0.0}, 1e9, 1)
+    with pytest.raises(PlatformError, match="one peak per dtype"):
+        DeviceModel("gpu", (("f32", 1e12), ("f32", 2e12)), 1e9, 1)
+    device = DeviceModel.of("gpu", {"f32": 1e12, "bf16": 8e12}, 1e9, 1)
+    assert device.peak_flops_by_dtype == (("bf16", 8e12), ("f32", 1e12))
 
 
 def test_group_devices_and_price() -> None:
@@ -260,7 +380,8 @@ def test_calibrate_on_virtual_devices(tmp_path: Path) -> None:
     assert platform.inter is None
     for _, model in platform.intra.per_kind:
         assert model.latency_s > 0 and model.bandwidth_Bps > 0
-    assert platform.device.peak_flops > 0 and platform.device.memory_bandwidth_Bps > 0
+    assert [d for d, _ in platform.device.peak_flops_by_dtype] == ["bf16", "f32", "tf32"]
+    assert platform.device.memory_bandwidth_Bps > 0
     assert platform.sources[0].startswith("measured by explorer calibrate on ")
     assert load_platform(save_platform(platform, tmp_path / "cal.json")) == platform
 

@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +26,19 @@ ModelOutput = tuple[StepFn, tuple[Any, Any, Any, Any]]
 ARG_ROLES: tuple[str, str, str, str] = ("params", "opt_state", "data", "rng")
 INIT_STD = 0.02
 LN_EPS = 1e-5
+# The dtype of the `*_bf16` presets: parameters, optimizer state and activations in bfloat16;
+# the layers keep softmax, norm statistics and the loss in float32 (see layer_norm, rms_norm,
+# attention_core, cross_entropy), as mixed-precision training does.
+BF16 = "bfloat16"
 
 
 # --------------------------------------------------------------------------------------------
 # Configs
+
+
+def with_bf16(*names: str) -> tuple[str, ...]:
+    """Preset names, each followed by its bfloat16 variant ``<name>_bf16``."""
+    return tuple(n for name in names for n in (name, f"{name}_bf16"))
 
 
 def _check_positive_int(owner: str, name: str, value: object) -> None:
@@ -54,7 +63,14 @@ def _check_float(owner: str, name: str, value: object, lo: float, hi: float) -> 
 
 @dataclass(frozen=True, slots=True)
 class BaseConfig:
-    """Fields every model shares. Defaults are the ``tiny`` preset."""
+    """Fields every model shares. Defaults are the ``tiny`` preset.
+
+    Presets are classmethods named in ``PRESETS``; each ``<name>_bf16`` is ``<name>`` with
+    ``dtype="bfloat16"`` (see ``BF16``).
+    """
+
+    # Names of the preset classmethods this config provides, smallest first.
+    PRESETS: ClassVar[tuple[str, ...]] = with_bf16("tiny")
 
     num_layers: int = 2
     hidden: int = 64
@@ -98,8 +114,16 @@ class BaseConfig:
         return cls()
 
     @classmethod
+    def tiny_bf16(cls) -> Self:
+        return cls.tiny().replace(dtype=BF16)
+
+    @classmethod
     def small(cls) -> Self:
         raise NotImplementedError
+
+    @classmethod
+    def small_bf16(cls) -> Self:
+        return cls.small().replace(dtype=BF16)
 
     def replace(self, **changes: Any) -> Self:
         """Copy with some fields changed (validated again)."""

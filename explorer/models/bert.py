@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Self
+from typing import ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,8 @@ from explorer.models import _common as c
 
 @dataclass(frozen=True, slots=True)
 class BertConfig(c.BaseConfig):
+    PRESETS: ClassVar[tuple[str, ...]] = c.with_bf16("tiny", "small", "bert_large")
+
     dropout: float = 0.1
     mask_prob: float = 0.15  # fraction of positions masked in the synthetic batch
 
@@ -46,6 +48,10 @@ class BertConfig(c.BaseConfig):
             ffn=4096,
             learning_rate=1e-4,
         )
+
+    @classmethod
+    def bert_large_bf16(cls) -> Self:
+        return cls.bert_large().replace(dtype=c.BF16)
 
     def init_params(self, key: jax.Array) -> c.Params:
         return init_params(self, key)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Self
+from typing import ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +14,8 @@ from explorer.models import _common as c
 
 @dataclass(frozen=True, slots=True)
 class GPTConfig(c.BaseConfig):
+    PRESETS: ClassVar[tuple[str, ...]] = c.with_bf16("tiny", "small", "gpt_2_6b", "gpt_6_7b")
+
     dropout: float = 0.1
     tie_embeddings: bool = True
 
@@ -52,6 +54,14 @@ class GPTConfig(c.BaseConfig):
             ffn=4 * 4096,
             learning_rate=1e-4,
         )
+
+    @classmethod
+    def gpt_2_6b_bf16(cls) -> Self:
+        return cls.gpt_2_6b().replace(dtype=c.BF16)
+
+    @classmethod
+    def gpt_6_7b_bf16(cls) -> Self:
+        return cls.gpt_6_7b().replace(dtype=c.BF16)
 
     def init_params(self, key: jax.Array) -> c.Params:
         return init_params(self, key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Self
+from typing import ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,8 @@ from explorer.models import _common as c
 
 @dataclass(frozen=True, slots=True)
 class LlamaConfig(c.BaseConfig):
+    PRESETS: ClassVar[tuple[str, ...]] = c.with_bf16("tiny", "small", "llama_7b")
+
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
 
@@ -49,6 +51,10 @@ class LlamaConfig(c.BaseConfig):
             learning_rate=3e-4,
             weight_decay=0.1,
         )
+
+    @classmethod
+    def llama_7b_bf16(cls) -> Self:
+        return cls.llama_7b().replace(dtype=c.BF16)
 
     def init_params(self, key: jax.Array) -> c.Params:
         return init_params(self, key)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Self
+from typing import ClassVar, Self
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +17,8 @@ from explorer.models.gpt import embed
 
 @dataclass(frozen=True, slots=True)
 class MoEConfig(c.BaseConfig):
+    PRESETS: ClassVar[tuple[str, ...]] = c.with_bf16("tiny", "small", "moe_7_1b")
+
     dropout: float = 0.1
     num_experts: int = 8
     capacity_factor: float = 1.0
@@ -88,6 +90,10 @@ class MoEConfig(c.BaseConfig):
             expert_group_size=2048,
             learning_rate=1e-4,
         )
+
+    @classmethod
+    def moe_7_1b_bf16(cls) -> Self:
+        return cls.moe_7_1b().replace(dtype=c.BF16)
 
     def init_params(self, key: jax.Array) -> c.Params:
         return init_params(self, key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 from explorer.errors import ExplorerError
 from explorer.mesh import MeshSpec
+from explorer.profile.compute import dot_flops
 from explorer.profile.hlo import Collective, parse_collectives
 
 WARMUP_RUNS = 5
@@ -54,6 +56,10 @@ class ProgramProfile:
     collectives: tuple[Collective, ...]
     flops: float
     bytes_accessed: float
+    dot_flops: tuple[tuple[str, float], ...] = ()  # per dtype, see profile.compute
+
+    def dot_flops_json(self) -> str:
+        return json.dumps(dict(self.dot_flops), sort_keys=True)
 
     def collectives_json(self) -> str:
         return json.dumps(
@@ -64,6 +70,8 @@ class ProgramProfile:
                     "axes": list(c.axes),
                     "group": c.group_size,
                     "op": c.op_names[0] if c.op_names else "",
+                    "elements": len(c.shapes),
+                    "combinable": c.fully_combinable,
                 }
                 for c in self.collectives
             ]
@@ -76,25 +84,63 @@ def compile_program(lowered: Any, backend: Backend) -> Any:
     return lowered.compile()
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryAccounting:
+    """What a segment program holds for the whole step, computed from its placement.
+
+    `persistent`: the step inputs the segment owns (each input is owned by one segment, so
+    tied parameters count once) and the activations it saves for a backward pass. `internal`:
+    the part of those saved activations that the program keeps in its temporary buffers
+    (the rest are its results); the program's temporaries beyond them are transient.
+    """
+
+    persistent: int
+    internal: int
+
+
 def price_compiled(
-    compiled: Any, platform: Any, mesh: MeshSpec, persistent_bytes: int
+    compiled: Any,
+    platform: Any,
+    mesh: MeshSpec,
+    accounting: MemoryAccounting | None = None,
+    terminal_outputs: frozenset[int] | None = None,
 ) -> ProgramProfile:
-    collectives = parse_collectives(compiled.as_text(), mesh)
+    """Price a compiled program: its collectives, its compute and its memory.
+
+    Without `accounting` (a whole step) the peak is all transient. `terminal_outputs` marks
+    the combinable all-reduces (see `hlo.parse_collectives`).
+    """
+    hlo = compiled.as_text()
+    collectives = parse_collectives(hlo, mesh, terminal_outputs)
     t_comm = sum(platform.price(c, mesh) for c in collectives)
     flops, accessed = _cost(compiled)
-    t_comp = platform.compute_time(flops, accessed)
-    peak = _peak_memory(compiled)
-    persistent = min(persistent_bytes, peak)
+    dots = dot_flops(hlo)
+    t_comp = compute_time(platform, dots, flops, accessed)
+    temp, peak = _memory(compiled)
+    if accounting is None:
+        persistent, transient = 0, peak
+    else:
+        persistent, transient = accounting.persistent, max(temp - accounting.internal, 0)
     return ProgramProfile(
         t_comm=t_comm,
         t_comp=t_comp,
         memory=peak,
         persistent_memory=persistent,
-        transient_memory=peak - persistent,
+        transient_memory=transient,
         collectives=collectives,
         flops=flops,
         bytes_accessed=accessed,
+        dot_flops=dots,
     )
+
+
+def compute_time(
+    platform: Any, dots: Sequence[tuple[str, float]], flops: float, bytes_accessed: float
+) -> float:
+    """Compute seconds: dots and convolutions at their dtype's peak, the other FLOPs (the
+    compiler's total minus the dots) at the f32 peak, and the bytes at memory bandwidth."""
+    other = max(flops - sum(f for _, f in dots), 0.0)
+    return float(platform.compute_time(dots, other, bytes_accessed))
 
 
 def measure(
@@ -102,21 +148,33 @@ def measure(
     inputs: tuple[Any, ...],
     platform: Any,
     mesh: MeshSpec,
-    persistent_bytes: int,
     *,
+    accounting: MemoryAccounting | None = None,
+    terminal_outputs: frozenset[int] | None = None,
     time_limit: float | None = None,
+    donated: tuple[int, ...] = (),
 ) -> ProgramProfile:
     """Run `compiled` on real devices: warm-up, then the median of the timed runs.
 
     `time_limit` (seconds) is the dynamic limit: a program whose first timed run already
     exceeds it is abandoned, as the paper's profiler does with hopeless configurations.
+    Inputs at `donated` positions are consumed by each run: fresh ones are made before every
+    run, outside the timed region.
     """
-    priced = price_compiled(compiled, platform, mesh, persistent_bytes)
+    priced = price_compiled(compiled, platform, mesh, accounting, terminal_outputs)
     arrays = [_materialise(struct) for struct in inputs]
+
+    def refill() -> None:
+        for position in donated:
+            arrays[position] = _materialise(inputs[position])
+        jax.block_until_ready(arrays)
+
     for _ in range(WARMUP_RUNS):
+        refill()
         jax.block_until_ready(compiled(*arrays))
     times = []
     for run in range(TIMED_RUNS):
+        refill()
         start = time.perf_counter()
         jax.block_until_ready(compiled(*arrays))
         times.append(time.perf_counter() - start)
@@ -135,6 +193,7 @@ def measure(
         collectives=priced.collectives,
         flops=priced.flops,
         bytes_accessed=priced.bytes_accessed,
+        dot_flops=priced.dot_flops,
     )
 
 
@@ -152,18 +211,30 @@ def _cost(compiled: Any) -> tuple[float, float]:
     cost = compiled.cost_analysis()
     if isinstance(cost, list):
         cost = cost[0] if cost else {}
-    cost = cost or {}
-    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
+    if not cost or "flops" not in cost or "bytes accessed" not in cost:
+        raise ExplorerError(
+            "the compiler gave no cost analysis (flops and bytes accessed) for this program, "
+            "so its compute cannot be priced (it is never counted as 0); found "
+            f"{sorted(cost or {})}. The backend {jax.default_backend()!r} may not support "
+            "cost_analysis(); use the CPU or GPU backend to profile."
+        )
+    return float(cost["flops"]), float(cost["bytes accessed"])
 
 
-def _peak_memory(compiled: Any) -> int:
+def _memory(compiled: Any) -> tuple[int, int]:
+    """(temporary bytes, peak bytes) per device from the compiler's memory analysis."""
     stats = compiled.memory_analysis()
     if stats is None:
-        return 0
-    total = (
+        raise ExplorerError(
+            "the compiler gave no memory analysis for this program, so its memory cannot be "
+            "priced (it is never counted as 0). The backend "
+            f"{jax.default_backend()!r} may not support memory_analysis(); use the CPU or "
+            "GPU backend to profile."
+        )
+    peak = (
         stats.argument_size_in_bytes
         + stats.output_size_in_bytes
         + stats.temp_size_in_bytes
         - stats.alias_size_in_bytes
     )
-    return int(max(total, 0))
+    return int(stats.temp_size_in_bytes), int(max(peak, 0))

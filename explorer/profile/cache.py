@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 # Bump when the table changes; add a step to `_MIGRATIONS` when old rows can be carried over.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 # Stay under SQLite's host-parameter limit (999 in old builds) in `get_many`.
 _CHUNK = 500
@@ -101,6 +101,9 @@ class ProfileRecord:
     # platform without compiling again.
     flops: float = 0.0
     bytes_accessed: float = 0.0
+    # FLOPs of the dots and convolutions per dtype (JSON object, see profile.compute), so
+    # compute is priced at each dtype's peak; "" in rows from before it was recorded
+    dot_flops: str = "{}"
 
     def __post_init__(self) -> None:
         if self.status not in _STATUSES:
@@ -137,7 +140,8 @@ CREATE TABLE IF NOT EXISTS profiles (
     seconds REAL NOT NULL,
     created REAL NOT NULL,
     flops REAL NOT NULL DEFAULT 0,
-    bytes_accessed REAL NOT NULL DEFAULT 0
+    bytes_accessed REAL NOT NULL DEFAULT 0,
+    dot_flops TEXT NOT NULL DEFAULT ''
 ) WITHOUT ROWID
 """
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM profiles"
@@ -154,7 +158,21 @@ def _add_cost_columns(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE profiles ADD COLUMN bytes_accessed REAL NOT NULL DEFAULT 0")
 
 
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_cost_columns}
+def _mark_unknown_costs(conn: sqlite3.Connection) -> None:
+    # Rows carried over from schema 1 got 0 FLOPs and 0 bytes: not a measurement. Mark them
+    # unknown (-1) so they are re-profiled instead of being priced as free compute. Rows of
+    # schema 2 have no FLOPs per dtype: "" marks them for profiling again too.
+    conn.execute("ALTER TABLE profiles ADD COLUMN dot_flops TEXT NOT NULL DEFAULT ''")
+    conn.execute(
+        "UPDATE profiles SET flops = -1, bytes_accessed = -1 "
+        "WHERE status = 'ok' AND flops = 0 AND bytes_accessed = 0"
+    )
+
+
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
+    1: _add_cost_columns,
+    2: _mark_unknown_costs,
+}
 
 
 def default_cache_path() -> Path:
@@ -308,22 +326,39 @@ class ProfileCache:
         return self._conn
 
     def get(self, key: ProgramKey) -> ProfileRecord | None:
-        with self._lock:
-            row = self._db().execute(f"{_SELECT} WHERE digest = ?", (key.digest(),)).fetchone()
-        return None if row is None else _from_row(row)
+        """The cached record of `key`, or None (see `get_many` for stale records)."""
+        return self.get_many([key]).get(key)
 
     def get_many(self, keys: Iterable[ProgramKey]) -> dict[ProgramKey, ProfileRecord]:
-        """The cached records among `keys` (missing keys are simply absent)."""
+        """The cached records among `keys` (missing keys are simply absent).
+
+        A record from an older schema that lacks the compiler's cost analysis is a miss (so
+        it is profiled again), with one `CacheWarning` giving the count.
+        """
         by_digest = {k.digest(): k for k in keys}
         digests = list(by_digest)
         out: dict[ProgramKey, ProfileRecord] = {}
+        stale = 0
         with self._lock:
             db = self._db()
             for i in range(0, len(digests), _CHUNK):
                 chunk = digests[i : i + _CHUNK]
                 marks = ", ".join("?" * len(chunk))
                 for row in db.execute(f"{_SELECT} WHERE digest IN ({marks})", chunk):
-                    out[by_digest[row[0]]] = _from_row(row)
+                    found = _from_row(row)
+                    unknown = found.flops < 0 or found.bytes_accessed < 0 or not found.dot_flops
+                    if found.status == "ok" and unknown:
+                        stale += 1
+                        continue
+                    out[by_digest[row[0]]] = found
+        if stale:
+            warnings.warn(
+                f"{stale} cached profile(s) in {self._path or 'the in-memory cache'} come from "
+                "an older cache schema without the compiler's cost analysis; they are "
+                "profiled again (never priced as free compute)",
+                CacheWarning,
+                stacklevel=2,
+            )
         return out
 
     def put(self, record: ProfileRecord) -> None:
@@ -416,6 +451,7 @@ def _from_row(row: Sequence[Any]) -> ProfileRecord:
         created,
         flops,
         bytes_accessed,
+        dot_flops,
     ) = row[1 + n :]
     return ProfileRecord(
         key=key,
@@ -431,4 +467,5 @@ def _from_row(row: Sequence[Any]) -> ProfileRecord:
         created=float(created),
         flops=float(flops),
         bytes_accessed=float(bytes_accessed),
+        dot_flops=str(dot_flops),
     )

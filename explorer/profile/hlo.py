@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 import numpy as np
@@ -36,6 +36,13 @@ class Collective:
     group_size: int
     axes: tuple[str, ...]  # mesh axes the replica groups span
     op_names: tuple[str, ...]  # JAX op names (name stacks) of the results, per element
+    # per result element: it reaches only the step's results (see `terminal_outputs`), so the
+    # compiler may combine it with collectives of other segments into one
+    combinable: tuple[bool, ...] = ()
+
+    @property
+    def fully_combinable(self) -> bool:
+        return bool(self.combinable) and all(self.combinable)
 
     @property
     def is_backward(self) -> bool:
@@ -64,8 +71,18 @@ _SHAPE = re.compile(r"(?P<dtype>[a-z]+[0-9]*[a-z0-9]*)\[(?P<dims>[0-9,]*)\]")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
-def parse_collectives(hlo: str, mesh: MeshSpec) -> tuple[Collective, ...]:
-    """Every collective of an optimised HLO module, async pairs counted once."""
+def parse_collectives(
+    hlo: str, mesh: MeshSpec, terminal_outputs: frozenset[int] | None = None
+) -> tuple[Collective, ...]:
+    """Every collective of an optimised HLO module, async pairs counted once.
+
+    `terminal_outputs`: positions of the entry's result tuple that are results of the whole
+    training step (updated parameters, the loss). An all-reduce element whose value reaches
+    only those, through no other collective, depends on nothing later and nothing later
+    depends on it: in the whole step the compiler's all-reduce combiner merges it with the
+    like elements of other segments. Such elements are marked `combinable`.
+    """
+    flow = _Dataflow(hlo) if terminal_outputs is not None else None
     gte_names: dict[str, dict[int, str]] = {}
     for gte in _GTE.finditer(hlo):
         gte_names.setdefault(gte["source"], {})[int(gte["index"])] = gte["op"]
@@ -82,8 +99,80 @@ def parse_collectives(hlo: str, mesh: MeshSpec) -> tuple[Collective, ...]:
         attrs = match["attrs"]
         if suffix == "-done":
             attrs = starts.get(match["args"].strip().lstrip("%"), attrs) + attrs
-        found.append(_collective(match, attrs, gte_names, mesh))
+        collective = _collective(match, attrs, gte_names, mesh)
+        if flow is not None and collective.kind is CollectiveKind.ALL_REDUCE:
+            assert terminal_outputs is not None
+            combinable = tuple(
+                flow.terminal(match["name"], element, len(collective.shapes), terminal_outputs)
+                for element in range(len(collective.shapes))
+            )
+            collective = replace(collective, combinable=combinable)
+        found.append(collective)
     return tuple(found)
+
+
+_DEFINITION = re.compile(r"^\s*(?P<root>ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
+_REFERENCE = re.compile(r"%([\w.\-]+)")
+_OPCODE = re.compile(r"\s(?P<op>[a-z][a-z0-9\-]*)\(")
+_INDEX = re.compile(r"index=(\d+)")
+
+
+class _Dataflow:
+    """Def-use edges between the instructions of an HLO module (names are module-unique)."""
+
+    def __init__(self, hlo: str) -> None:
+        self.users: dict[str, list[str]] = {}
+        self.opcode: dict[str, str] = {}
+        self.index: dict[str, int] = {}  # get-tuple-element -> element index
+        self.root_operands: list[str] = []
+        in_entry = False
+        for line in hlo.splitlines():
+            if line.startswith("ENTRY"):
+                in_entry = True
+            elif line.startswith("}"):
+                in_entry = False
+            match = _DEFINITION.match(line)
+            if match is None:
+                continue
+            name, rest = match["name"], match["rest"]
+            opcode = _OPCODE.search(rest)
+            self.opcode[name] = opcode["op"] if opcode else ""
+            head = rest.split("), ", 1)[0]  # operands, before the attributes
+            operands = _REFERENCE.findall(head)
+            for operand in operands:
+                self.users.setdefault(operand, []).append(name)
+            if self.opcode[name] == "get-tuple-element":
+                found = _INDEX.search(rest)
+                if found:
+                    self.index[name] = int(found[1])
+            if in_entry and match["root"]:
+                self.root_operands = operands if self.opcode[name] == "tuple" else [name]
+
+    def terminal(self, name: str, element: int, elements: int, outputs: frozenset[int]) -> bool:
+        """Whether element `element` of instruction `name` reaches only entry results in
+        `outputs`, through no other collective."""
+        start = self.users.get(name, [])
+        if elements > 1:  # a tuple result: follow only this element's readers
+            start = [u for u in start if self.index.get(u, element) == element]
+        roots = {operand: position for position, operand in enumerate(self.root_operands)}
+        seen: set[str] = set()
+        pending = list(start)
+        if name in roots and roots[name] not in outputs:
+            return False
+        while pending:
+            current = pending.pop()
+            if current in seen:
+                continue
+            seen.add(current)
+            if self.opcode.get(current, "").split("-start")[0] in _COLLECTIVE_OPCODES:
+                return False
+            if current in roots and roots[current] not in outputs:
+                return False
+            pending.extend(self.users.get(current, []))
+        return True
+
+
+_COLLECTIVE_OPCODES = frozenset(k.value for k in CollectiveKind)
 
 
 def _collective(

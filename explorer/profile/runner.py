@@ -28,12 +28,15 @@ import pandas as pd
 
 from explorer.errors import ExplorerError, ProfilingBudgetError
 from explorer.ir import BlockAnalysis, Config, Graph, Role, Segmentation, SegmentInstance
+from explorer.layouts import instance_dependencies, place
 from explorer.mesh import MeshSpec, make_mesh
 from explorer.profile.backends import (
     Backend,
+    MemoryAccounting,
     ProgramProfile,
     SlowerThanLimit,
     compile_program,
+    compute_time,
     measure,
     price_compiled,
 )
@@ -41,7 +44,7 @@ from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
 from explorer.profile.hlo import Collective, CollectiveKind
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.segments import DEFAULT_PROFILING_BUDGET, pruned_configs
-from explorer.space import boundary_moves, segment_input_layouts, shardings
+from explorer.space import boundary_moves, segment_input_layouts
 
 # A measured program slower than this multiple of the best configuration so far is abandoned.
 DYNAMIC_LIMIT_FACTOR = 4.0
@@ -49,8 +52,21 @@ DYNAMIC_LIMIT_FACTOR = 4.0
 COLUMNS = [
     "kind", "segment", "label", "config", "choices", "t_comm", "t_comp", "t_total", "memory",
     "persistent_memory", "transient_memory", "status", "reason", "collectives", "cached",
-    "seconds",
+    "seconds", "context", "combined",
 ]  # fmt: skip
+
+# Bump when the way programs are built changes (what is constrained, where): profiles of
+# programs built the old way are then not reused.
+PROGRAM_VERSION = "placement-4"
+
+
+@dataclass(frozen=True, slots=True)
+class _Built:
+    """A program ready to compile, with what pricing it needs besides the compiler."""
+
+    program: StandaloneProgram
+    accounting: MemoryAccounting | None  # None: a resharding program (no memory of its own)
+    terminal_outputs: frozenset[int]  # result positions that are results of the whole step
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,10 @@ class _Job:
     choices: tuple[int, ...]
     config: str
     key: ProgramKey
-    build: Callable[[], tuple[StandaloneProgram, int]]  # program and persistent bytes
+    build: Callable[[], _Built]
+    # strategies of the blocks of other instances this program depends on (see
+    # `layouts.external_blocks`), in the order of the type's first instance's dependencies
+    context: tuple[int, ...] = ()
 
 
 def profile_all(
@@ -168,6 +187,11 @@ class _Context:
         self.first: dict[int, SegmentInstance] = {}
         for instance in self.segmentation.instances:
             self.first.setdefault(instance.unique_id, instance)
+        self.dependencies = instance_dependencies(
+            self.graph, self.analysis, self.segmentation, self.mesh
+        )
+        self.owner = input_owners(self.graph, self.segmentation)
+        self.settled = settled_values(self.graph)
 
     def key(self, segment: str, config: str, extra: str) -> ProgramKey:
         # What the compiler emits does not depend on the target platform: compiled profiles
@@ -197,8 +221,12 @@ class _Context:
                 space = tuple(
                     itertools.product(*(range(len(blocks[b].strategies)) for b in instance.blocks))
                 )
-            program_hash = _ops_digest(self.graph, instance.ops)
-            for choices in space:
+            depends = self.dependencies[instance.index]
+            contexts = tuple(
+                itertools.product(*(range(len(blocks[b].strategies)) for b in depends))
+            )
+            program_hash = f"{_ops_digest(self.graph, instance.ops)}:{PROGRAM_VERSION}"
+            for choices, context in itertools.product(space, contexts):
                 names = (
                     ",".join(
                         blocks[b].strategies[c].name
@@ -206,6 +234,11 @@ class _Context:
                     )
                     or "-"
                 )
+                if depends:
+                    names += " | " + ",".join(
+                        f"{blocks[b].scope or b}:{blocks[b].strategies[c].name}"
+                        for b, c in zip(depends, context, strict=True)
+                    )
                 yield _Job(
                     kind="segment",
                     segment=unique.id,
@@ -213,25 +246,48 @@ class _Context:
                     choices=tuple(choices),
                     config=names,
                     key=self.key(unique.fingerprint, names, program_hash),
-                    build=self._segment_builder(instance.index, tuple(choices)),
+                    build=self._segment_builder(instance.index, tuple(choices), context),
+                    context=context,
                 )
 
     def _segment_builder(
-        self, index: int, choices: tuple[int, ...]
-    ) -> Callable[[], tuple[StandaloneProgram, int]]:
-        def build() -> tuple[StandaloneProgram, int]:
+        self, index: int, choices: tuple[int, ...], context: tuple[int, ...]
+    ) -> Callable[[], _Built]:
+        def build() -> _Built:
             instance = self.segmentation.instances[index]
             full = [0] * len(self.analysis.blocks)
             for block, choice in zip(instance.blocks, choices, strict=True):
                 full[block] = choice
-            assignment = shardings(self.graph, self.analysis.blocks, Config(tuple(full)), self.mesh)
+            for block, choice in zip(self.dependencies[index], context, strict=True):
+                full[block] = choice
+            assignment = place(
+                self.graph, self.analysis.blocks, Config(tuple(full)), self.mesh, self.segmentation
+            ).assignment
             layouts = segment_input_layouts(
                 self.graph, self.analysis.blocks, self.segmentation, index, choices
             )
-            program = segment_program(self.graph, instance.ops, assignment, self.jax_mesh, layouts)
-            return program, _persistent_bytes(
-                self.graph, instance.ops, program, assignment, self.mesh
+            crossing = self.segmentation.boundaries
+            after = (
+                (crossing[index].backward, crossing[index].forward)
+                if index < len(crossing)
+                else ((), ())
             )
+            program = segment_program(
+                self.graph, instance.ops, assignment, self.jax_mesh, layouts, after=after
+            )
+            terminal = frozenset(
+                i for i, v in enumerate(program.output_values) if v in self.settled
+            )
+            accounting = memory_accounting(
+                self.graph,
+                index,
+                ops=instance.ops,
+                program=program,
+                assignment=assignment,
+                mesh=self.mesh,
+                owners=self.owner,
+            )
+            return _Built(program, accounting, terminal)
 
         return build
 
@@ -265,14 +321,14 @@ class _Context:
                     label=f"{self.segmentation.unique[pair[0]].label}->{self.segmentation.unique[pair[1]].label}",
                     choices=(last, first),
                     config=config,
-                    key=self.key(f"reshard:{fingerprints[0]}->{fingerprints[1]}", config, ""),
+                    key=self.key(
+                        f"reshard:{fingerprints[0]}->{fingerprints[1]}", config, PROGRAM_VERSION
+                    ),
                     build=self._reshard_builder(boundary, last, first),
                 )
 
-    def _reshard_builder(
-        self, boundary: int, last: int, first: int
-    ) -> Callable[[], tuple[StandaloneProgram, int]]:
-        def build() -> tuple[StandaloneProgram, int]:
+    def _reshard_builder(self, boundary: int, last: int, first: int) -> Callable[[], _Built]:
+        def build() -> _Built:
             moves = boundary_moves(
                 self.graph,
                 self.analysis.blocks,
@@ -281,7 +337,7 @@ class _Context:
                 last_choice=last,
                 first_choice=first,
             )
-            return reshard_program(self.graph, moves, self.jax_mesh), 0
+            return _Built(reshard_program(self.graph, moves, self.jax_mesh), None, frozenset())
 
         return build
 
@@ -314,11 +370,11 @@ def _run(
     return rows
 
 
-def _compile(job: _Job, backend: Backend) -> tuple[StandaloneProgram, int, Any, float]:
+def _compile(job: _Job, backend: Backend) -> tuple[_Built, Any, float]:
     start = time.perf_counter()
-    program, persistent = job.build()
-    compiled = compile_program(program.lower(), backend)
-    return program, persistent, compiled, time.perf_counter() - start
+    built = job.build()
+    compiled = compile_program(built.program.lower(), backend)
+    return built, compiled, time.perf_counter() - start
 
 
 def _finish(
@@ -326,21 +382,28 @@ def _finish(
 ) -> ProfileRecord:
     start = time.perf_counter()
     try:
-        program, persistent, compiled, compile_seconds = future.result()
+        built, compiled, compile_seconds = future.result()
         if context.backend is Backend.MEASURED:
             limit = best.get(job.segment)
             profile = measure(
                 compiled,
-                program.inputs,
+                built.program.inputs,
                 context.platform,
                 context.mesh,
-                persistent,
+                accounting=built.accounting,
+                terminal_outputs=built.terminal_outputs,
                 time_limit=None if limit is None else context.time_limit_factor * limit,
             )
             total = profile.t_comm + profile.t_comp
             best[job.segment] = min(best.get(job.segment, total), total)
         else:
-            profile = price_compiled(compiled, context.platform, context.mesh, persistent)
+            profile = price_compiled(
+                compiled,
+                context.platform,
+                context.mesh,
+                built.accounting,
+                built.terminal_outputs,
+            )
         return _record(job, profile, compile_seconds + time.perf_counter() - start)
     except SlowerThanLimit as err:
         return _infeasible(job, f"abandoned: {err}", time.perf_counter() - start)
@@ -366,6 +429,7 @@ def _record(job: _Job, profile: ProgramProfile, seconds: float) -> ProfileRecord
         created=time.time(),
         flops=profile.flops,
         bytes_accessed=profile.bytes_accessed,
+        dot_flops=profile.dot_flops_json(),
     )
 
 
@@ -387,8 +451,14 @@ def _infeasible(job: _Job, reason: str, seconds: float) -> ProfileRecord:
 
 def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) -> dict[str, Any]:
     t_comm, t_comp = record.t_comm, record.t_comp
-    if context.backend is Backend.COMPILED and record.status == "ok":
-        t_comm, t_comp = reprice(record, context.platform, context.mesh)
+    combined: tuple[tuple[str, int, float], ...] = ()
+    if record.status == "ok":
+        if context.backend is Backend.COMPILED:
+            t_comm, t_comp = reprice(record, context.platform, context.mesh)
+        saved, combined = combinable_latency(record.collectives, context.platform, context.mesh)
+        # combinable all-reduces pay their latency once per combined bucket of the whole
+        # step (cost.CostModel), not once per segment
+        t_comm = max(t_comm - saved, 0.0)
     return {
         "kind": job.kind,
         "segment": job.segment,
@@ -406,33 +476,98 @@ def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) 
         "collectives": record.collectives,
         "cached": was_cached,
         "seconds": record.seconds,
+        "context": job.context,
+        "combined": combined,
     }
+
+
+def _collective(entry: dict[str, Any], nbytes: int | None = None) -> Collective:
+    return Collective(
+        kind=CollectiveKind(entry["kind"]),
+        name="",
+        shapes=(),
+        nbytes=int(entry["bytes"]) if nbytes is None else nbytes,
+        group_size=int(entry["group"]),
+        axes=tuple(entry["axes"]),
+        op_names=(entry.get("op", ""),),
+    )
 
 
 def reprice(record: ProfileRecord, platform: Any, mesh: MeshSpec) -> tuple[float, float]:
     """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost."""
-    t_comm = sum(
-        platform.price(
-            Collective(
-                kind=CollectiveKind(c["kind"]),
-                name="",
-                shapes=(),
-                nbytes=int(c["bytes"]),
-                group_size=int(c["group"]),
-                axes=tuple(c["axes"]),
-                op_names=(c.get("op", ""),),
-            ),
-            mesh,
-        )
-        for c in json.loads(record.collectives)
-    )
-    return t_comm, platform.compute_time(record.flops, record.bytes_accessed)
+    t_comm = sum(platform.price(_collective(c), mesh) for c in json.loads(record.collectives))
+    dots = tuple(json.loads(record.dot_flops or "{}").items())
+    return t_comm, compute_time(platform, dots, record.flops, record.bytes_accessed)
 
 
-def _persistent_bytes(
-    graph: Graph, ops: tuple[int, ...], program: StandaloneProgram, assignment: Any, mesh: MeshSpec
-) -> int:
-    """Parameters and optimizer state held by the segment, plus activations kept for backward."""
+def combinable_latency(
+    collectives: str, platform: Any, mesh: MeshSpec
+) -> tuple[float, tuple[tuple[str, int, float], ...]]:
+    """The latency a profile's combinable all-reduces paid, and their buckets.
+
+    Returns (seconds of latency to take off the profile, per combining group (kind, axes,
+    group size) the number of elements and that group's latency).
+    """
+    saved = 0.0
+    groups: dict[str, tuple[int, float]] = {}
+    for entry in json.loads(collectives):
+        if not entry.get("combinable"):
+            continue
+        latency = platform.price(_collective(entry, nbytes=0), mesh)
+        saved += latency
+        key = f"{entry['kind']}@{'+'.join(entry['axes'])}/{entry['group']}"
+        count, _ = groups.get(key, (0, latency))
+        groups[key] = (count + int(entry.get("elements", 1)), latency)
+    return saved, tuple((k, n, lat) for k, (n, lat) in sorted(groups.items()))
+
+
+def settled_values(graph: Graph) -> frozenset[int]:
+    """Values that reach only the step's results, through optimizer ops and gradient sums.
+
+    Nothing else in the step waits on them (no forward op, no contraction reads them on the
+    way), so a collective that makes one is independent of every other segment's: the
+    compiler may combine it with theirs (`hlo.parse_collectives`).
+    """
+    outputs = set(graph.outputs)
+    settled = [False] * len(graph.values)
+    for op in reversed(graph.ops):
+        for vid in op.outputs:
+            users = graph.users(vid)
+            settled[vid] = (vid in outputs or bool(users)) and all(
+                graph.ops[u].role is not Role.FORWARD
+                and graph.ops[u].primitive not in ("dot_general", "conv_general_dilated")
+                and all(settled[w] for w in graph.ops[u].outputs)
+                for u in users
+            )
+    return frozenset(v for v, ok in enumerate(settled) if ok)
+
+
+def input_owners(graph: Graph, segmentation: Segmentation) -> dict[int, int]:
+    """The one segment instance that holds each step input: the one of its first reader.
+
+    Counting each input once is what makes a tied parameter (read by the embedding and the
+    head) and its optimizer state count once in the composed memory.
+    """
+    owners = {}
+    for vid in graph.inputs:
+        readers = graph.users(vid)
+        if readers:
+            owners[vid] = segmentation.segment_of_op[readers[0]]
+    return owners
+
+
+def memory_accounting(
+    graph: Graph,
+    index: int,
+    *,
+    ops: tuple[int, ...],
+    program: StandaloneProgram,
+    assignment: Any,
+    mesh: MeshSpec,
+    owners: dict[int, int],
+) -> MemoryAccounting:
+    """What instance `index` holds for the whole step (see `MemoryAccounting`): the step
+    inputs it owns, and the activations it makes that a backward op reads, per device."""
     layouts = dict(assignment.values)
     position = {vid: i for i, vid in enumerate(graph.inputs)}
 
@@ -440,19 +575,28 @@ def _persistent_bytes(
         parts = math.prod(mesh.axes_size(axes) for axes in dims if axes) if dims else 1
         return graph.values[vid].type.nbytes // max(parts, 1)
 
-    total = 0
-    for vid in program.input_values:
-        if vid in position and graph.values[vid].kind.value in ("parameter", "optimizer_state"):
-            total += local_bytes(vid, assignment.inputs[position[vid]])
-    inside = set(ops)
+    persistent = sum(
+        local_bytes(vid, assignment.inputs[i])
+        for vid, i in position.items()
+        if owners.get(vid) == index
+    )
+    internal = 0
+    results = set(program.output_values)
     for op_id in ops:
         op = graph.ops[op_id]
-        if op.role is not Role.FORWARD:
+        # activations saved for the backward pass; and gradients, which the step holds
+        # until its optimizer update (the compiler updates parameters after the backward
+        # pass, once gradient all-reduces combined across segments are done)
+        wanted = Role.BACKWARD if op.role is Role.FORWARD else Role.OPTIMIZER
+        if op.role is Role.OPTIMIZER:
             continue
         for vid in op.outputs:
-            if any(u in inside and graph.ops[u].role is Role.BACKWARD for u in graph.users(vid)):
-                total += local_bytes(vid, layouts.get(vid))
-    return total
+            if any(graph.ops[u].role is wanted for u in graph.users(vid)):
+                size = local_bytes(vid, layouts.get(vid))
+                persistent += size
+                if vid not in results:
+                    internal += size
+    return MemoryAccounting(persistent, internal)
 
 
 def _ops_digest(graph: Graph, ops: tuple[int, ...]) -> str:

@@ -1,0 +1,363 @@
+"""Placement: one layout for every value of the step under a Config.
+
+`space.shardings` places what the blocks own (and the parameters, their optimizer state and
+their updates). This pass places everything else, so that nothing is left to the compiler's
+sharding propagation that the cost model has not seen (DESIGN, method step 3):
+
+- **Segment boundaries.** A tensor crossing from instance n to n+1 is constrained at its
+  producer to the layout instance n's last block leaves it in, and at every reader in n+1 to
+  the layout that instance's first block wants (cotangents the other way round). The move in
+  between is exactly what the resharding programs price (T_R).
+- **The follow rule.** An op outside every block takes the layout of one operand (the
+  *leader*: one that is split, then the deepest, then the largest) mapped through the op's
+  affine map (`affine.split_target`); a split the op cannot carry is gathered first; a split
+  of a reduced dim leaves partial sums that are all-reduced. Its other operands are read in
+  the layout its result implies (`affine.split_source`).
+- **Readers.** Every op reads each operand in an explicit layout: where that differs from the
+  layout the operand was produced in, the reader carries a constraint, so the resharding
+  happens where the priced program put it.
+
+The same placement drives the segment programs, `evaluate` and `apply_plan`, so the program
+that runs is, collective for collective, the program whose pieces were priced. `sources`
+records which blocks decided each value's layout: a segment reading a value decided by a block
+of another segment costs what that block's strategy makes it cost (tied embeddings), which the
+profiler keys on. Ops whose dependencies the affine analysis does not know are `unplaced`:
+their results stay replicated, and they are listed, never hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from explorer import affine
+from explorer.ir import (
+    BlockAnalysis,
+    Config,
+    DimAxes,
+    Graph,
+    OpNode,
+    ParallelBlock,
+    Segmentation,
+    ShardingAssignment,
+    ValueKind,
+    match_suffix,
+    path_suffix,
+)
+from explorer.mesh import MeshSpec
+from explorer.space import boundary_moves, shardings
+
+# Reductions whose split input dims leave partial results (all-reduced by the partitioner).
+PARTIAL_REDUCTIONS = frozenset(
+    {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "argmax"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where every value lives under one Config, and which blocks decided it."""
+
+    assignment: ShardingAssignment
+    sources: tuple[frozenset[int], ...]  # per value id: blocks whose strategy decided it
+    unplaced: tuple[int, ...]  # op ids the follow rule could not map (results replicated)
+
+
+def place(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    config: Config,
+    mesh: MeshSpec,
+    segmentation: Segmentation | None = None,
+    *,
+    parameter_layouts: Mapping[str, DimAxes] | None = None,
+) -> Placement:
+    """A layout for every value of `graph` under `config` (see the module doc).
+
+    Without `segmentation` no boundary is constrained (a step not cut into segments).
+    """
+    core = shardings(graph, blocks, config, mesh, parameter_layouts)
+    walk = _Walk(graph, blocks, mesh, core)
+    if segmentation is not None:
+        walk.constrain_boundaries(segmentation, config)
+    walk.run()
+    return walk.result(core)
+
+
+def boundary_reads(segmentation: Segmentation, graph: Graph) -> set[tuple[int, int]]:
+    """(value id, reading segment) of every tensor crossing a boundary: where T_R applies."""
+    reads: set[tuple[int, int]] = set()
+    for boundary in segmentation.boundaries:
+        reads.update((v, boundary.before + 1) for v in boundary.forward)
+        reads.update((v, boundary.before) for v in boundary.backward)
+    return reads
+
+
+def _numeric(dtype: str) -> bool:
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False  # PRNG keys and other extended dtypes: the compiler places them
+    return True
+
+
+class _Walk:
+    def __init__(
+        self,
+        graph: Graph,
+        blocks: tuple[ParallelBlock, ...],
+        mesh: MeshSpec,
+        core: ShardingAssignment,
+    ) -> None:
+        self.graph = graph
+        self.blocks = blocks
+        self.mesh = mesh
+        self.layout: dict[int, DimAxes] = {}
+        self.source: dict[int, frozenset[int]] = {}
+        self.fixed: dict[int, tuple[DimAxes, frozenset[int]]] = {}  # decided before the walk
+        self.reads: dict[tuple[int, int], DimAxes] = {}  # (op, position) -> layout it reads
+        self.fixed_reads: dict[tuple[int, int], DimAxes] = {}
+        self.read_sources: dict[tuple[int, int], frozenset[int]] = {}
+        self.unplaced: list[int] = []
+        owner: dict[int, int] = {}
+        for block in blocks:
+            for value_layout in block.layouts:
+                owner.setdefault(value_layout.value, block.index)
+        self.owner = owner
+        for op, position, dims in core.operands:
+            self.fixed_reads[(op, position)] = dims
+        for vid, dims in core.values:
+            found = owner.get(vid)
+            self.fixed[vid] = (dims, frozenset() if found is None else frozenset({found}))
+        self._place_inputs(core)
+
+    def _place_inputs(self, core: ShardingAssignment) -> None:
+        graph = self.graph
+        by_suffix: dict[tuple[str, tuple[int, ...]], frozenset[int]] = {}
+        for vid, dims in zip(graph.inputs, core.inputs, strict=True):
+            value = graph.values[vid]
+            found = self.owner.get(vid)
+            self.layout[vid] = dims
+            self.source[vid] = frozenset() if found is None else frozenset({found})
+            if value.kind is ValueKind.PARAMETER:
+                by_suffix[(path_suffix(value.path), value.type.shape)] = self.source[vid]
+        for vid in graph.inputs:  # optimizer state lives like its parameter
+            value = graph.values[vid]
+            if value.kind is ValueKind.OPTIMIZER_STATE:
+                matched = match_suffix(value.path, value.type.shape, by_suffix)
+                self.source[vid] = matched or frozenset()
+
+    def constrain_boundaries(self, segmentation: Segmentation, config: Config) -> None:
+        graph = self.graph
+        blocks_of = [i.blocks for i in segmentation.instances]
+        # A block whose split survives past its instance's end (an RMSNorm of the next
+        # layer keeps the batch split of this layer's last block) does not reach into the
+        # next instance: there the tensor arrives as that instance's first block wants it,
+        # and the ops follow from there.
+        home = {b.index: segmentation.segment_of_op[b.head] for b in self.blocks}
+        for vid in list(self.fixed):
+            owner = self.owner.get(vid)
+            producer = graph.values[vid].producer
+            if (
+                owner is not None
+                and producer is not None
+                and segmentation.segment_of_op[producer] != home[owner]
+            ):
+                del self.fixed[vid]
+        for boundary in segmentation.boundaries:
+            before, after = boundary.before, boundary.before + 1
+            last = blocks_of[before][-1] if blocks_of[before] else None
+            first = blocks_of[after][0] if blocks_of[after] else None
+            moves = boundary_moves(
+                graph,
+                self.blocks,
+                segmentation,
+                before,
+                last_choice=config.choices[last] if last is not None else 0,
+                first_choice=config.choices[first] if first is not None else 0,
+            )
+            forward = set(boundary.forward)
+            for vid, produced, wanted in moves:
+                producer_block, reader_block = (last, first) if vid in forward else (first, last)
+                reader_segment = after if vid in forward else before
+                self.fixed[vid] = (produced, _only(producer_block))
+                for user in graph.users(vid):
+                    if segmentation.segment_of_op[user] != reader_segment:
+                        continue
+                    for position, operand in enumerate(graph.ops[user].inputs):
+                        if operand == vid:
+                            self.fixed_reads[(user, position)] = wanted
+                            self.read_sources[(user, position)] = _only(reader_block)
+
+    def run(self) -> None:
+        for op in self.graph.ops:
+            self._place(op)
+
+    # -- one op ----------------------------------------------------------------------------
+
+    def _place(self, op: OpNode) -> None:
+        graph = self.graph
+        outputs = [vid for vid in op.outputs if _numeric(graph.values[vid].type.dtype)]
+        decided = [vid in self.fixed for vid in outputs]
+        if outputs and all(decided):
+            for vid in outputs:
+                self.layout[vid], self.source[vid] = self.fixed[vid]
+            self._read_as_result_implies(op, leader=None)
+            return
+        leader = self._leader(op)
+        maps = affine.traced_op_maps(op, 0)
+        if leader is None:
+            if maps is None and any(self._split(op, p) for p in range(len(op.inputs))):
+                self.unplaced.append(op.id)
+            for vid in op.outputs:
+                if vid in self.fixed:
+                    self.layout[vid], self.source[vid] = self.fixed[vid]
+                elif _numeric(graph.values[vid].type.dtype):
+                    self.layout[vid] = ((),) * graph.values[vid].type.rank
+                    self.source[vid] = frozenset()
+            self._read_as_result_implies(op, leader=None)
+            return
+        carried = self._follow(op, leader)
+        origin = self._read_source(op, leader)
+        for result, vid in enumerate(op.outputs):
+            if vid in self.fixed:
+                self.layout[vid], self.source[vid] = self.fixed[vid]
+            elif _numeric(graph.values[vid].type.dtype):
+                self.layout[vid] = carried[result]
+                self.source[vid] = origin
+        self._read_as_result_implies(op, leader=leader)
+
+    def _leader(self, op: OpNode) -> int | None:
+        """The operand whose layout the op follows: a split one first, then the deepest."""
+        maps = affine.traced_op_maps(op, 0)
+        if maps is None:
+            return None
+        best: tuple[tuple[int, int, int, int], int] | None = None
+        for position, vid in enumerate(op.inputs):
+            tt = self.graph.values[vid].type
+            if tt.rank == 0 or position >= len(maps) or maps[position] is None:
+                continue
+            if not _numeric(tt.dtype):
+                continue
+            producer = self.graph.values[vid].producer
+            depth = -1 if producer is None else self.graph.ops[producer].depth
+            split = int(self._split(op, position))
+            key = (split, depth, tt.nbytes, -position)
+            if best is None or key > best[0]:
+                best = (key, position)
+        return None if best is None else best[1]
+
+    def _split(self, op: OpNode, position: int) -> bool:
+        dims = self._reading(op, position)
+        return dims is not None and any(dims)
+
+    def _reading(self, op: OpNode, position: int) -> DimAxes | None:
+        """The layout `op` receives operand `position` in, before any reader constraint of
+        its own: a boundary or head requirement, else the producer's layout."""
+        fixed = self.fixed_reads.get((op.id, position))
+        if fixed is not None:
+            return fixed
+        return self.layout.get(op.inputs[position])
+
+    def _read_source(self, op: OpNode, position: int) -> frozenset[int]:
+        fixed = self.read_sources.get((op.id, position))
+        if fixed is not None:
+            return fixed
+        return self.source.get(op.inputs[position], frozenset())
+
+    def _follow(self, op: OpNode, leader: int) -> list[DimAxes]:
+        """Result layouts when the op follows operand `leader`."""
+        layout = self._reading(op, leader)
+        assert layout is not None
+        reduced = set(op.param("axes") or ()) if op.primitive in PARTIAL_REDUCTIONS else set()
+        results: list[DimAxes] = []
+        for result, tt in enumerate(op.output_types):
+            maps = affine.traced_op_maps(op, result)
+            op_map = maps[leader] if maps is not None and leader < len(maps) else None
+            out: list[tuple[str, ...]] = [()] * tt.rank
+            for dim, axes in enumerate(layout):
+                if not axes or dim in reduced:
+                    continue  # a reduced split leaves partial sums: all-reduced, replicated
+                target = op_map.split_target(dim, self.mesh.axes_size(axes)) if op_map else None
+                if target is not None and not out[target]:
+                    out[target] = axes  # else the op cannot carry the split: gathered
+            results.append(tuple(out))
+        return results
+
+    def _read_as_result_implies(self, op: OpNode, leader: int | None) -> None:
+        """Readers keep only the constraints decided before the walk (boundaries, heads).
+
+        Every value is constrained where it is made, so each op's operand and result
+        layouts are fixed and the partitioner's choice for it is local: the same in a
+        segment program as in the whole step. Only a boundary read differs (the segment
+        program receives the tensor already moved), so only there does the reader carry
+        its own constraint.
+        """
+        for position in range(len(op.inputs)):
+            key = (op.id, position)
+            if key in self.fixed_reads:
+                self.reads[key] = self.fixed_reads[key]
+
+    # -- result ----------------------------------------------------------------------------
+
+    def result(self, core: ShardingAssignment) -> Placement:
+        graph = self.graph
+        inputs = set(graph.inputs)
+        values = tuple(
+            sorted(
+                (vid, dims)
+                for vid, dims in self.layout.items()
+                if vid not in inputs and graph.values[vid].type.rank > 0
+            )
+        )
+        operands = tuple(
+            sorted(
+                (op, position, dims)
+                for (op, position), dims in self.reads.items()
+                if dims != self.layout.get(graph.ops[op].inputs[position])
+            )
+        )
+        sources = tuple(self.source.get(v.id, frozenset()) for v in graph.values)
+        assignment = ShardingAssignment(core.mesh_axes, core.inputs, core.outputs, values, operands)
+        return Placement(assignment, sources, tuple(self.unplaced))
+
+
+def _only(block: int | None) -> frozenset[int]:
+    return frozenset() if block is None else frozenset({block})
+
+
+def external_blocks(
+    placement: Placement, graph: Graph, segmentation: Segmentation, index: int
+) -> tuple[int, ...]:
+    """Blocks of other segment instances whose strategy changes instance `index`'s program.
+
+    Its boundary tensors arrive in layouts its own first and last blocks decide; anything else
+    it reads or makes whose layout another instance's block decided (a parameter tied to a
+    block elsewhere, a value made far away) makes its cost depend on that block's strategy.
+    """
+    instance = segmentation.instances[index]
+    own = set(instance.ops)
+    boundary = {v for v, reader in boundary_reads(segmentation, graph) if reader == index}
+    found: set[int] = set()
+    for op_id in instance.ops:
+        op = graph.ops[op_id]
+        for vid in op.inputs:
+            producer = graph.values[vid].producer
+            if (producer is None or producer not in own) and vid not in boundary:
+                found |= placement.sources[vid]
+        for vid in op.outputs:
+            found |= placement.sources[vid]
+    return tuple(sorted(found - set(instance.blocks)))
+
+
+def instance_dependencies(
+    graph: Graph, analysis: BlockAnalysis, segmentation: Segmentation, mesh: MeshSpec
+) -> tuple[tuple[int, ...], ...]:
+    """Per instance, the blocks of other instances whose strategy changes its program."""
+    zero = Config((0,) * len(analysis.blocks))
+    placement = place(graph, analysis.blocks, zero, mesh, segmentation)
+    return tuple(
+        external_blocks(placement, graph, segmentation, n)
+        for n in range(len(segmentation.instances))
+    )
