@@ -104,11 +104,14 @@ def quick_settings() -> Settings:
 
 def full_settings() -> Settings:
     models = ("gpt", "llama", "moe", "bert")
-    accuracy = tuple(
-        Case(m, preset, mesh)
-        for preset in ("tiny", "small")
-        for m in models
-        for mesh in ((4,), (8,), (2, 4))
+    accuracy = (
+        *(Case(m, "tiny", mesh) for m in models for mesh in ((4,), (8,), (2, 4))),
+        # paper-scale shapes at 2 layers, from abstract shapes, in f32 and in bf16
+        *(
+            Case(m, preset + suffix, (8,), layers=2)
+            for m, preset in (("gpt", "gpt_2_6b"), ("llama", "llama_7b"))
+            for suffix in ("", "_bf16")
+        ),
     )
     tiny = [  # the most varied cases first: a run stopped early still covers every model
         Case(m, "tiny", mesh, batch)

@@ -14,11 +14,14 @@ A segment whose program depends on another instance's block (a parameter tied to
 read by the embedding) has one option per strategy of that block (`Option.context`); a plan
 is consistent when each option's context is what the other instance chose.
 
-Memory: Eq. 9 sums each segment program's peak, which counts every segment's transient buffers
-as if they were alive at once. They are not: parameters, optimizer state and the activations
-kept for backward persist across the step, while a segment's temporaries live only while it
-runs. So the prediction is `sum_n persistent[n][i_n] + max_n transient[n][i_n]`; Eq. 9 stays
-available for comparison.
+Memory: Eq. 9 sums each segment program's peak, which counts a parameter read by two segments
+twice, and every parameter and optimizer state twice (as argument and as updated result,
+where the training step donates them). The prediction is
+`sum_n persistent[n][i_n] + max_n transient[n][i_n]`: each step input counted once, in the
+segment that owns it, with the activations saved for backward, the gradients held for the
+optimizer and (as the whole step's buffer assignment does, measured: see
+`profile.backends.price_compiled`) the segment's other temporaries; a transient term stays
+for programs that do free theirs. Eq. 9 stays available for comparison.
 """
 
 from __future__ import annotations

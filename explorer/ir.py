@@ -8,6 +8,7 @@ made, not three stages later.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -518,4 +519,34 @@ def match_suffix(
             found = by_suffix.get((path[index:], shape))
             if found is not None:
                 return found
-    return None
+    return _match_tail(path, shape, by_suffix)
+
+
+_COMPONENT = re.compile(r"\[[^\]]*\]|\.[A-Za-z_]\w*")
+
+
+def _match_tail(
+    path: str, shape: tuple[int, ...], by_suffix: Mapping[tuple[str, tuple[int, ...]], T]
+) -> T | None:
+    """The entry sharing the longest tail of path components with `path`, when unique.
+
+    A Flax `TrainState` keeps `state.params['params']['Dense_0']['kernel']` and its Adam
+    moment at `state.opt_state[0].mu['params']['Dense_0']['kernel']`: neither path ends the
+    other, but they share `['params']['Dense_0']['kernel']`. A tail of one component (a bare
+    `['kernel']`) is not enough to tell parameters apart.
+    """
+    mine = _COMPONENT.findall(path)
+    best: list[T] = []
+    longest = 1
+    for (suffix, key_shape), entry in by_suffix.items():
+        if key_shape != shape:
+            continue
+        theirs = _COMPONENT.findall(suffix)
+        common = 0
+        while common < min(len(mine), len(theirs)) and mine[-1 - common] == theirs[-1 - common]:
+            common += 1
+        if common > longest:
+            best, longest = [entry], common
+        elif common == longest and common > 1:
+            best.append(entry)
+    return best[0] if len(best) == 1 else None

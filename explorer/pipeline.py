@@ -25,7 +25,7 @@ from explorer.plan import Plan, make_plan
 from explorer.segments import DEFAULT_PROFILING_BUDGET, ProgramCount, build_segments, program_count
 from explorer.solve import Frontier, solve_frontier
 from explorer.space import build_space, config_count
-from explorer.trace import trace
+from explorer.trace import ArgRoles, trace
 
 DEFAULT_CACHE = "~/.cache/explorer/profiles.sqlite"
 
@@ -346,6 +346,7 @@ class Analysis:
     def summary(self) -> str:
         lines = [
             self.graph.summary(),
+            self.graph.role_summary(),
             f"mesh {self.mesh}",
             self.block_analysis.summary(self.graph),
             self.segments.summary(),
@@ -373,7 +374,7 @@ def analyze(
     cache: str | Path | None = DEFAULT_CACHE,
     profile: bool = True,
     free_axes: bool = False,
-    arg_roles: Sequence[str] | None = None,
+    arg_roles: ArgRoles | None = None,
     budget: int = DEFAULT_PROFILING_BUDGET,
     prune: bool = False,
     workers: int | None = None,

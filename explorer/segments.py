@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from explorer import affine
 from explorer.errors import ProfilingBudgetError
 from explorer.ir import (
+    CONTRACTION_PRIMITIVES,
     BlockAnalysis,
     Boundary,
     Graph,
@@ -252,7 +253,9 @@ def _assign_optimizer(graph: Graph, segment_of_op: list[int | None]) -> None:
 
 
 def _block_signature(graph: Graph, block: ParallelBlock) -> str:
-    dots = [graph.ops[o] for o in block.forward_ops if graph.ops[o].primitive == "dot_general"]
+    dots = [
+        graph.ops[o] for o in block.forward_ops if graph.ops[o].primitive in CONTRACTION_PRIMITIVES
+    ]
     members = set(block.forward_ops)
     index = {op.id: k for k, op in enumerate(dots)}
     parts: list[object] = [block.role_sizes]
@@ -262,7 +265,8 @@ def _block_signature(graph: Graph, block: ParallelBlock) -> str:
             (
                 k,
                 tuple(t.shape for t in op.input_types),
-                op.param("dimension_numbers"),
+                # a convolution's strides, padding and groups matter as much as its shapes
+                op.params if op.primitive != "dot_general" else op.param("dimension_numbers"),
                 layout.dims if layout else (),
             )
         )
@@ -272,7 +276,8 @@ def _block_signature(graph: Graph, block: ParallelBlock) -> str:
     kinds = Counter(
         graph.ops[o].primitive
         for o in block.forward_ops
-        if graph.ops[o].primitive not in TRIVIAL and graph.ops[o].primitive != "dot_general"
+        if graph.ops[o].primitive not in TRIVIAL
+        and graph.ops[o].primitive not in CONTRACTION_PRIMITIVES
     )
     parts.append(sorted(kinds.items()))
     return _digest(parts)
@@ -318,7 +323,7 @@ def _fingerprint(
             (graph.ops[o].primitive, tuple(t.shape for t in graph.ops[o].input_types))
             for o in group.forward_ops
             if analysis.block_of_op[o] is None
-            and graph.ops[o].primitive in ("gather", "scatter-add", "dot_general")
+            and graph.ops[o].primitive in ("gather", "scatter-add", *CONTRACTION_PRIMITIVES)
         )
     )
     return _digest(parts)

@@ -144,7 +144,8 @@ def _allowed(model: CostModel, pins: Pins) -> list[list[int]]:
 
 
 def _undominated(options: tuple[Option, ...], keep: list[int]) -> list[int]:
-    """Drop options beaten on time, persistent and transient memory by one with the same ends."""
+    """Drop options beaten on time, persistent and transient memory by one with the same ends
+    (and the same context and combining groups, which the rest of the plan depends on)."""
     out = []
     for i in keep:
         a = options[i]
@@ -152,6 +153,8 @@ def _undominated(options: tuple[Option, ...], keep: list[int]) -> list[int]:
             j != i
             and options[j].first == a.first
             and options[j].last == a.last
+            and options[j].context == a.context
+            and options[j].combined == a.combined
             and options[j].time <= a.time
             and options[j].persistent <= a.persistent
             and options[j].transient <= a.transient
@@ -179,14 +182,24 @@ class _States:
 def _chain(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int, Selection]]:
     """Pareto plans of the chain, in one pass carrying the largest transient so far.
 
-    States are kept per strategy of the last block (the only thing the next resharding cost
-    depends on) and pruned by `_skyline`. A plan's memory is its persistent sum plus the
-    transient value of its level.
+    States are kept per class: the strategy of the last block (the only thing the next
+    resharding cost depends on) and the set of combining groups already paid for (a group's
+    latency is paid by the first option that has combinable collectives of it: they share
+    one bucket). They are pruned by `_skyline`. A plan's memory is its persistent sum plus
+    the transient value of its level.
     """
     levels = np.array(
         sorted({model.options[n][i].transient for n, opts in enumerate(allowed) for i in opts}),
         dtype=np.int64,
     )
+    latency: dict[str, float] = {}
+    for n, opts in enumerate(allowed):
+        for i in opts:
+            for key, _, seconds in model.options[n][i].combined:
+                latency[key] = seconds
+    groups = sorted(latency)
+    width = len(groups)  # a class is `last << width | mask of groups paid`
+    bit = {key: 1 << k for k, key in enumerate(groups)}
     empty = np.zeros(1, np.int64)
     states = {-1: _States(np.zeros(1), empty, empty, empty, empty, empty)}
     history: list[dict[int, _States]] = []
@@ -197,25 +210,33 @@ def _chain(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int,
         held = np.array([o.persistent for o in options], dtype=np.int64)
         level = np.searchsorted(levels, [o.transient for o in options])
         firsts = np.array([o.first for o in options])
-        lasts = np.array([o.last for o in options])
-        new_states: dict[int, _States] = {}
-        for last in np.unique(lasts):
-            mine = lasts == last
-            parts = []
-            for cls, before in states.items():
-                move = (
-                    np.zeros(mine.sum())
-                    if n == 0
-                    else np.array(
-                        [model.reshard[n - 1].get((cls, int(f)), np.inf) for f in firsts[mine]]
-                    )
+        lasts = np.array([o.last for o in options], dtype=np.int64)
+        masks = np.array([sum(bit[k] for k, _, _ in o.combined) for o in options], dtype=np.int64)
+        parts: dict[int, list[tuple[np.ndarray, ...]]] = {}
+        for cls, before in states.items():
+            prev_last, prev_mask = (
+                (-1, 0) if cls == -1 else (cls >> width, cls & ((1 << width) - 1))
+            )
+            move = (
+                np.zeros(len(options))
+                if n == 0
+                else np.array(
+                    [model.reshard[n - 1].get((prev_last, int(f)), np.inf) for f in firsts]
                 )
+            )
+            fresh = masks & ~prev_mask
+            extra = np.array(
+                [sum(latency[g] for g in groups if int(m) & bit[g]) for m in fresh], dtype=float
+            )
+            classes = (lasts << width) | masks | prev_mask
+            for new_class in np.unique(classes):
+                mine = classes == new_class
                 # one row per option: each row is a time-sorted run, which the stable sort
                 # below merges rather than sorts
-                grid_t = (cost[mine] + move)[:, None] + before.time[None, :]
+                grid_t = (cost[mine] + move[mine] + extra[mine])[:, None] + before.time[None, :]
                 shape = grid_t.shape
                 finite = np.isfinite(grid_t).ravel()
-                parts.append(
+                parts.setdefault(int(new_class), []).append(
                     (
                         grid_t.ravel()[finite],
                         (held[mine][:, None] + before.persistent[None, :]).ravel()[finite],
@@ -225,11 +246,13 @@ def _chain(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int,
                         np.broadcast_to(ids[mine][:, None], shape).ravel()[finite],
                     )
                 )
-            columns = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        new_states: dict[int, _States] = {}
+        for new_class, pieces in parts.items():
+            columns = [np.concatenate(c) for c in zip(*pieces, strict=True)]
             if not len(columns[0]):
                 continue
             keep = _skyline(columns[0], columns[1], columns[2], levels)
-            new_states[int(last)] = _States(*(c[keep] for c in columns))
+            new_states[new_class] = _States(*(c[keep] for c in columns))
         states = new_states
         if not states:
             raise AnalysisError(
@@ -297,8 +320,9 @@ def _pareto(times: np.ndarray, memory: np.ndarray) -> np.ndarray:
 def _frontier(candidates: Sequence[tuple[float, int, Selection]], model: CostModel) -> Frontier:
     """Pareto-filter the candidates, then name the plans of the survivors only.
 
-    The chain prices combinable collectives without their shared latency (it depends on the
-    whole plan): survivors are re-timed with `CostModel.time` and filtered again.
+    The chain pays one latency per combining group; a plan with more combinable collectives
+    of a group than one bucket holds pays more (`CostModel.time`): survivors are re-timed
+    with it and filtered again.
     """
     if not candidates:
         raise AnalysisError("no plan: every configuration combination is infeasible")

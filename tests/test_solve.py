@@ -160,3 +160,61 @@ def test_memory_is_persistent_sum_plus_largest_transient() -> None:
     assert model.memory((0, 0)) == 5 + 3 + 9
     assert model.memory_eq9((0, 0)) == 24  # Eq. 9 counts both transients
     assert np.isclose(model.time((0, 0)), 2.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(), st.integers(0, 2), st.sampled_from([0.0, 0.5, 3.0]))
+def test_neighbour_dependent_options_and_combined_latency_match_brute_force(
+    model: CostModel, seed: int, latency: float
+) -> None:
+    """The first instance's options are priced under each strategy of the last instance's
+    last block (a tied parameter), and some options share one combined latency: the
+    frontier holds only consistent plans, each timed as `CostModel.time` says, and its
+    fastest plan is the fastest consistent plan."""
+    if len(model.options) < 2:
+        return
+    last = len(model.options) - 1
+    blocks = tuple((2 * n, 2 * n + 1) for n in range(len(model.options)))
+    strategies = sorted({o.choices[1] for o in model.options[last]})
+    first = tuple(
+        replace(
+            option,
+            name=f"{option.name}|{s}",
+            t_comm=option.t_comm + seed * s,
+            context=(s,),
+            combined=(("all-reduce@x/4", 1, latency),) if (k + s) % 2 else (),
+        )
+        for k, option in enumerate(model.options[0])
+        for s in strategies
+    )
+    dependent = CostModel(
+        model.labels,
+        (first, *model.options[1:]),
+        model.reshard,
+        dependencies=((blocks[last][1],), *(() for _ in model.options[1:])),
+        instance_blocks=blocks,
+    )
+    frontier = solve_frontier(dependent)
+    for point in frontier.points:
+        assert dependent.inconsistency(point.selection) is None
+        assert point.time == pytest.approx(dependent.time(point.selection))
+    consistent = [
+        s
+        for s in itertools.product(*(range(len(o)) for o in dependent.options))
+        if dependent.inconsistency(s) is None and np.isfinite(dependent.time(s))
+    ]
+    assert min(p.time for p in frontier.points) == pytest.approx(
+        min(dependent.time(s) for s in consistent)
+    )
+
+
+def test_combined_latency_is_paid_once_per_bucket() -> None:
+    from explorer.cost import COMBINE_COUNT
+
+    def option(count: int) -> Option:
+        return Option((0,), "o", 1.0, 0.0, 0, 0, 0, combined=(("all-reduce@x/4", count, 0.5),))
+
+    model = CostModel(("a", "b"), ((option(3),), (option(COMBINE_COUNT),)), ({(0, 0): 0.0},))
+    # 3 + 256 elements: two buckets of at most 256, each paying the latency once
+    assert model.time((0, 0)) == pytest.approx(2.0 + 2 * 0.5)
+    assert model.combined_latency((0, 0)) == pytest.approx(1.0)

@@ -89,9 +89,11 @@ class MemoryAccounting:
     """What a segment program holds for the whole step, computed from its placement.
 
     `persistent`: the step inputs the segment owns (each input is owned by one segment, so
-    tied parameters count once) and the activations it saves for a backward pass. `internal`:
-    the part of those saved activations that the program keeps in its temporary buffers
-    (the rest are its results); the program's temporaries beyond them are transient.
+    tied parameters count once), the activations it saves for a backward pass and the
+    gradients it makes for the optimizer. `internal`: the part of those that the program
+    keeps in its temporary buffers (the rest are its results), so not counted twice.
+
+    The program's other temporaries are held for the step too (see `price_compiled`).
     """
 
     persistent: int
@@ -120,7 +122,13 @@ def price_compiled(
     if accounting is None:
         persistent, transient = 0, peak
     else:
-        persistent, transient = accounting.persistent, max(temp - accounting.internal, 0)
+        # Checked against the whole step's buffer assignment (tiny GPT, 2 and 4 layers, 20
+        # plans each): counting each segment's temporaries as transient (only the largest
+        # alive at once) fell short by 6-10 %, more with depth; counting them as held for
+        # the step is within 3 % (median). The compiler's whole-step assignment does not
+        # reuse one segment's temporaries for another's, so they are held here.
+        persistent = accounting.persistent + max(temp - accounting.internal, 0)
+        transient = 0
     return ProgramProfile(
         t_comm=t_comm,
         t_comp=t_comp,

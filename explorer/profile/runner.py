@@ -57,7 +57,7 @@ COLUMNS = [
 
 # Bump when the way programs are built changes (what is constrained, where): profiles of
 # programs built the old way are then not reused.
-PROGRAM_VERSION = "placement-4"
+PROGRAM_VERSION = "placement-6"
 
 
 @dataclass(frozen=True, slots=True)
@@ -583,20 +583,26 @@ def memory_accounting(
     internal = 0
     results = set(program.output_values)
     for op_id in ops:
-        op = graph.ops[op_id]
-        # activations saved for the backward pass; and gradients, which the step holds
-        # until its optimizer update (the compiler updates parameters after the backward
-        # pass, once gradient all-reduces combined across segments are done)
-        wanted = Role.BACKWARD if op.role is Role.FORWARD else Role.OPTIMIZER
-        if op.role is Role.OPTIMIZER:
-            continue
-        for vid in op.outputs:
-            if any(graph.ops[u].role is wanted for u in graph.users(vid)):
+        for vid in graph.ops[op_id].outputs:
+            if _held(graph, vid):
                 size = local_bytes(vid, layouts.get(vid))
                 persistent += size
                 if vid not in results:
                     internal += size
     return MemoryAccounting(persistent, internal)
+
+
+def _held(graph: Graph, vid: int) -> bool:
+    """Whether the step holds `vid` beyond the instance that makes it: an activation saved
+    for the backward pass, or a gradient kept until the optimizer update (which the compiler
+    schedules after the backward pass, once gradient all-reduces combined across segments
+    are done)."""
+    producer = graph.producer(vid)
+    if producer is None or producer.role is Role.OPTIMIZER:
+        return False
+    wanted = Role.BACKWARD if producer.role is Role.FORWARD else Role.OPTIMIZER
+    return any(graph.ops[u].role is wanted for u in graph.users(vid))
+
 
 
 def _ops_digest(graph: Graph, ops: tuple[int, ...]) -> str:

@@ -1,0 +1,117 @@
+"""Placement: every value of the step has a layout, boundaries are constrained on both sides,
+and a segment that reads a value another instance's block decides depends on that block."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import analysed, traced
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from explorer.ir import Config
+from explorer.layouts import external_blocks, instance_dependencies, place
+from explorer.mesh import mesh_spec
+from explorer.profile.hlo import CollectiveKind, parse_collectives
+from explorer.segments import build_segments
+
+
+def _numeric(dtype: str) -> bool:
+    try:
+        np.dtype(dtype)
+    except TypeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_every_value_of_the_step_is_placed(name: str) -> None:
+    _, _, graph = traced(name)
+    _, analysis = analysed(name, (4,))
+    segmentation = build_segments(graph, analysis)
+    for choice in range(3):
+        config = Config(tuple(min(choice, len(b.strategies) - 1) for b in analysis.blocks))
+        placement = place(graph, analysis.blocks, config, mesh_spec((4,)), segmentation)
+        placed = dict(placement.assignment.values)
+        inputs = set(graph.inputs)
+        missing = [
+            v.id
+            for v in graph.values
+            if v.producer is not None
+            and v.id not in inputs
+            and v.type.rank > 0
+            and _numeric(v.type.dtype)
+            and v.id not in placed
+        ]
+        assert missing == []
+        assert placement.unplaced == ()
+        for vid, dims in placed.items():
+            assert len(dims) == graph.values[vid].type.rank
+
+
+def test_boundary_tensors_are_constrained_at_the_producer_and_at_every_reader() -> None:
+    _, _, graph = traced("gpt")
+    _, analysis = analysed("gpt", (4,))
+    segmentation = build_segments(graph, analysis)
+    config = Config(tuple(1 if len(b.strategies) > 1 else 0 for b in analysis.blocks))  # N
+    assignment = place(graph, analysis.blocks, config, mesh_spec((4,)), segmentation).assignment
+    produced = dict(assignment.values)
+    reads = {(op, position): dims for op, position, dims in assignment.operands}
+    boundary = segmentation.boundaries[1]  # layer_0 -> layer_1
+    assert boundary.forward and boundary.backward
+    for vid in boundary.forward:
+        assert vid in produced
+        readers = [
+            (u, p)
+            for u in graph.users(vid)
+            if segmentation.segment_of_op[u] == 2
+            for p, operand in enumerate(graph.ops[u].inputs)
+            if operand == vid
+        ]
+        assert readers
+        for key in readers:
+            # a reader in the next instance reads where that instance's first block wants
+            # it, whether or not that differs from where it was made
+            wanted = reads.get(key, produced[vid])
+            assert len(wanted) == graph.values[vid].type.rank
+
+
+def test_tied_embedding_makes_the_embedding_depend_on_the_head() -> None:
+    _, _, graph = traced("gpt")
+    _, analysis = analysed("gpt", (4,))
+    segmentation = build_segments(graph, analysis)
+    mesh = mesh_spec((4,))
+    depends = instance_dependencies(graph, analysis, segmentation, mesh)
+    head = segmentation.instances[-1].blocks
+    assert depends[0] == head  # the embedding reads wte, laid out by the LM head's block
+    assert all(d == () for d in depends[1:])
+    zero = place(graph, analysis.blocks, Config((0,) * len(analysis.blocks)), mesh, segmentation)
+    assert external_blocks(zero, graph, segmentation, 1) == ()
+
+
+def test_combinable_all_reduces_are_marked_per_element() -> None:
+    """An all-reduce whose value reaches only the results named terminal is combinable; one
+    that feeds another result is not, even inside one combined tuple all-reduce."""
+    mesh = jax.make_mesh((4,), ("x",))
+    split = NamedSharding(mesh, P("x"))
+
+    def f(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jnp.sum(a, axis=0), jnp.sum(b, axis=0) * 2.0
+
+    compiled = (
+        jax.jit(f, in_shardings=(split, split))
+        .lower(jnp.ones((8, 16)), jnp.ones((8, 16)))
+        .compile()
+    )
+    spec = mesh_spec((4,))
+    found = parse_collectives(compiled.as_text(), spec, frozenset({0, 1}))
+    reduces = [c for c in found if c.kind is CollectiveKind.ALL_REDUCE]
+    assert reduces and all(c.fully_combinable for c in reduces)
+    only_first = parse_collectives(compiled.as_text(), spec, frozenset({0}))
+    flags = [
+        flag for c in only_first if c.kind is CollectiveKind.ALL_REDUCE for flag in c.combinable
+    ]
+    assert sorted(flags) == [False, True]
+    assert parse_collectives(compiled.as_text(), spec)[0].combinable == ()
