@@ -24,12 +24,14 @@ class PlanCheck:
     """One plan: what the cost model predicted and what the whole step costs."""
 
     kind: str  # "frontier" or "random"
+    selection: tuple[int, ...]  # option index per segment instance
     strategies: tuple[str, ...]
     predicted_time: float
     evaluated_time: float
     predicted_memory: int
     evaluated_memory: int
     collectives: int  # in the whole step
+    emitted: tuple[tuple[str, int, tuple[str, ...], int], ...] = ()  # see plan.Evaluation
 
     @property
     def time_error(self) -> float:
@@ -140,12 +142,14 @@ def check_accuracy(
         checks.append(
             PlanCheck(
                 kind=kind,
+                selection=selection,
                 strategies=plan.strategies,
                 predicted_time=plan.time,
                 evaluated_time=truth.time,
                 predicted_memory=plan.memory,
                 evaluated_memory=truth.memory,
                 collectives=truth.collectives,
+                emitted=truth.emitted,
             )
         )
     graph = analysis.graph

@@ -196,7 +196,7 @@ def test_alpa_plans_apply_and_match_the_unsharded_step(
     assert len(plan.document["values"]) > len(analysis.graph.inputs)
     loaded = ex.load_plan(plan.save(tmp_path / "alpa.json"))
     assert loaded.document == plan.document
-    assert_trees_close(expected, ex.apply_plan(loaded, step)(*args), RTOL, ATOL)
+    assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*args), RTOL, ATOL)
     print(
         f"\n{name} {mesh}: {ilp['variables']} variables, {ilp['constraints']} constraints, "
         f"solved in {ilp['solve_seconds']:.2f} s; ILP {1e3 * ilp['objective']:.4f} ms comm, "
@@ -287,8 +287,10 @@ def test_bad_per_value_layouts_are_refused_naming_the_field(tmp_path: Path) -> N
     ):
         path.write_text(json.dumps({**document, field: {**document[field], **values}}))
         with pytest.raises(PlanError, match=message):
-            ex.apply_plan(ex.load_plan(path), step)(*args)
+            ex.apply_plan(ex.load_plan(path), step, donate=False)(*args)
     # the unedited plan applies
     path.write_text(json.dumps(document))
     expected = jax.jit(step)(*args)
-    assert_trees_close(expected, ex.apply_plan(ex.load_plan(path), step)(*args), RTOL, ATOL)
+    assert_trees_close(
+        expected, ex.apply_plan(ex.load_plan(path), step, donate=False)(*args), RTOL, ATOL
+    )

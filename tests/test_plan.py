@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import pytest
 from helpers import SHARED_CACHE, assert_trees_close
 
@@ -58,7 +59,7 @@ def test_the_chosen_plan_and_the_baselines_apply_and_match_the_unsharded_step(
     assert loaded.document == plans["budget"].document
     plans["loaded"] = loaded
     for name, plan in plans.items():
-        found = ex.apply_plan(plan, step)(*args)
+        found = ex.apply_plan(plan, step, donate=False)(*args)
         assert_trees_close(expected, found, RTOL, ATOL)
         truth = ex.evaluate(plan, step, *args)
         assert truth.time > 0 and truth.memory > 0, name
@@ -99,10 +100,10 @@ def test_malformed_and_foreign_plans_are_refused_naming_the_field(tmp_path: Path
             ex.load_plan(path)
     path.write_text(json.dumps({**document, "model_fingerprint": "0123456789abcdef"}))
     with pytest.raises(PlanError, match="field 'model_fingerprint'"):
-        ex.apply_plan(ex.load_plan(path), step)(*args)
+        ex.apply_plan(ex.load_plan(path), step, donate=False)(*args)
     path.write_text(json.dumps({**document, "mesh": {"axes": ["x"], "shape": [16]}}))
     with pytest.raises(PlanError, match="field 'mesh': the plan needs 16 devices"):
-        ex.apply_plan(ex.load_plan(path), step)(*args)
+        ex.apply_plan(ex.load_plan(path), step, donate=False)(*args)
 
 
 GOLDEN = Path(__file__).parent / "golden" / "gpt_tiny_2layer_mesh4.json"
@@ -156,7 +157,7 @@ def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]
     )
     plans = [analysis.plan()] + [analysis.baseline(b) for b in ("dp", "megatron", "fsdp")]
     for plan in plans:
-        assert_trees_close(expected, ex.apply_plan(plan, step)(*warm), RTOL, ATOL)
+        assert_trees_close(expected, ex.apply_plan(plan, step, donate=False)(*warm), RTOL, ATOL)
 
 
 @pytest.mark.slow
@@ -174,3 +175,19 @@ def test_a_baseline_the_profiles_left_out_is_priced_on_the_whole_step() -> None:
     assert set(plan.strategies) == {"M@x"}
     truth = ex.evaluate(plan, step, *args)
     assert plan.time == pytest.approx(truth.time) and plan.memory == truth.memory
+
+
+def test_the_applied_step_donates_parameters_and_optimizer_state_by_default() -> None:
+    """As a training loop runs it (`state = step(state, batch)`): the step's inputs are
+    consumed, its outputs feed the next step, and `donate=False` keeps the inputs."""
+    step, args, analysis, _ = _setup()
+    plan = analysis.baseline("dp")
+    kept = ex.apply_plan(plan, step, donate=False)
+    placed = kept(*args)  # arrays laid out as the plan wants, for the donating step
+    donating = ex.apply_plan(plan, step)
+    state = (placed[1], placed[2], *args[2:])
+    loss, params, opt_state = donating(*state)
+    assert jax.tree.leaves(state[0])[0].is_deleted()  # consumed, as the plan's memory assumes
+    loss, params, opt_state = donating(params, opt_state, *args[2:])  # the loop goes on
+    assert np.isfinite(float(loss))
+    assert not jax.tree.leaves(args[0])[0].is_deleted()

@@ -12,6 +12,7 @@ build, compile or run is recorded as infeasible with its reason and never stops 
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
@@ -58,6 +59,8 @@ COLUMNS = [
 # Bump when the way programs are built changes (what is constrained, where): profiles of
 # programs built the old way are then not reused.
 PROGRAM_VERSION = "placement-6"
+# between a segment configuration's own strategies and those of the blocks it depends on
+CONTEXT_SEPARATOR = " | "
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +125,8 @@ def profile_all(
     # A selection bounds the work by itself: it picks from the full space, no budget applies.
     pruned_types = {} if only is not None else _over_budget(segmentation, analysis, budget, prune)
     first_round = list(context.segment_jobs(pruned_types)) + list(context.reshard_jobs())
-    if only is not None:
-        first_round = [j for j in first_round if only(j.kind, j.label, j.config)]
+    if only is not None:  # a configuration with a context is selected by its own part
+        first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]
     rows += _run(first_round, context, cache, workers, progress)
     for type_id in pruned_types:  # second sweep: pairs around the best of the first
         best = _best_choices(rows, type_id)
@@ -133,6 +136,12 @@ def profile_all(
             jobs = [j for j in jobs if (j.segment, j.choices) not in seen]
             rows += _run(jobs, context, cache, workers, progress)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def own_config(config: str) -> str:
+    """A segment configuration's name without the strategies of the blocks it depends on
+    (`"- | head:M@x"` -> `"-"`)."""
+    return config.split(CONTEXT_SEPARATOR, maxsplit=1)[0]
 
 
 def _over_budget(
@@ -235,7 +244,7 @@ class _Context:
                     or "-"
                 )
                 if depends:
-                    names += " | " + ",".join(
+                    names += CONTEXT_SEPARATOR + ",".join(
                         f"{blocks[b].scope or b}:{blocks[b].strategies[c].name}"
                         for b, c in zip(depends, context, strict=True)
                     )
@@ -356,11 +365,21 @@ def _run(
     bar = _progress(len(todo), progress)
     best: dict[Any, float] = {}
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        futures: list[tuple[_Job, Future[Any]]] = [
-            (job, pool.submit(_compile, job, context.backend)) for job in todo
-        ]
-        for job, future in futures:  # in submission order: measurement stays sequential
+        # A bounded window of compiles runs ahead of pricing, and each compiled executable is
+        # dropped as soon as it is priced: holding them all until the run ends grows the
+        # process's memory maps until LLVM cannot allocate code memory (after ~300 programs).
+        ahead = 2 * (workers or os.cpu_count() or 1)
+        pending = iter(todo)
+        window: collections.deque[tuple[_Job, Future[Any]]] = collections.deque()
+        for job in itertools.islice(pending, ahead):
+            window.append((job, pool.submit(_compile, job, context.backend)))
+        while window:
+            job, future = window.popleft()  # in submission order: measurement stays sequential
             record = _finish(job, future, context, best)
+            del future
+            following = next(pending, None)
+            if following is not None:
+                window.append((following, pool.submit(_compile, following, context.backend)))
             cache.put(record)
             rows.append(_row(job, record, context, was_cached=False))
             if bar is not None:
@@ -602,7 +621,6 @@ def _held(graph: Graph, vid: int) -> bool:
         return False
     wanted = Role.BACKWARD if producer.role is Role.FORWARD else Role.OPTIMIZER
     return any(graph.ops[u].role is wanted for u in graph.users(vid))
-
 
 
 def _ops_digest(graph: Graph, ops: tuple[int, ...]) -> str:
