@@ -52,6 +52,7 @@ from explorer.ir import (
     ValueKind,
     path_suffix,
 )
+from explorer.layouts import configuration_name, instance_dependencies
 from explorer.mesh import MeshSpec, mesh_spec
 from explorer.space import segment_input_layouts, shardings
 
@@ -1180,14 +1181,19 @@ def symbolic_config_costs(analysis: Any) -> pd.DataFrame:
     first: dict[int, Any] = {}
     for instance in segmentation.instances:
         first.setdefault(instance.unique_id, instance)
+    dependencies = instance_dependencies(graph, analysis.block_analysis, segmentation, mesh)
     for unique in segmentation.unique:
         instance = first[unique.id]
         inside = set(instance.ops)
-        for choices in itertools.product(
-            *(range(len(blocks[b].strategies)) for b in instance.blocks)
+        depends = dependencies[instance.index]
+        for choices, context in itertools.product(
+            itertools.product(*(range(len(blocks[b].strategies)) for b in instance.blocks)),
+            itertools.product(*(range(len(blocks[b].strategies)) for b in depends)),
         ):
             full = [0] * len(blocks)
-            for block, choice in zip(instance.blocks, choices, strict=True):
+            for block, choice in zip(
+                (*instance.blocks, *depends), (*choices, *context), strict=True
+            ):
                 full[block] = choice
             assignment = shardings(graph, blocks, Config(tuple(full)), mesh)
             boundary = segment_input_layouts(
@@ -1209,13 +1215,7 @@ def symbolic_config_costs(analysis: Any) -> pd.DataFrame:
             fixed = {v: d for v, d in values.items() if graph.values[v].producer in inside}
             operand_layouts = {(o, p): d for o, p, d in assignment.operands if o in inside}
             cost = model.fixed_cost(instance.ops, arriving, fixed, operand_layouts)
-            names = (
-                ",".join(
-                    blocks[b].strategies[c].name
-                    for b, c in zip(instance.blocks, choices, strict=True)
-                )
-                or "-"
-            )
+            names = configuration_name(blocks, instance.blocks, tuple(choices), depends, context)
             rows.append(
                 {
                     "segment": unique.id,

@@ -361,3 +361,26 @@ def instance_dependencies(
         external_blocks(placement, graph, segmentation, n)
         for n in range(len(segmentation.instances))
     )
+
+
+# between a segment configuration's own strategies and those of the blocks it depends on
+CONTEXT_SEPARATOR = " | "
+
+
+def configuration_name(
+    blocks: tuple[ParallelBlock, ...],
+    own: tuple[int, ...],
+    choices: tuple[int, ...],
+    depends: tuple[int, ...] = (),
+    context: tuple[int, ...] = (),
+) -> str:
+    """A segment configuration's name: its blocks' strategies (`"M@x,N@x"`, `"-"` without
+    blocks), then those of the blocks it depends on (`" | head:N@x"`)."""
+    name = ",".join(blocks[b].strategies[c].name for b, c in zip(own, choices, strict=True))
+    name = name or "-"
+    if depends:
+        name += CONTEXT_SEPARATOR + ",".join(
+            f"{blocks[b].scope or b}:{blocks[b].strategies[c].name}"
+            for b, c in zip(depends, context, strict=True)
+        )
+    return name

@@ -218,15 +218,17 @@ def _materialise(struct: jax.ShapeDtypeStruct) -> Any:
 def _cost(compiled: Any) -> tuple[float, float]:
     cost = compiled.cost_analysis()
     if isinstance(cost, list):
-        cost = cost[0] if cost else {}
-    if not cost or "flops" not in cost or "bytes accessed" not in cost:
+        cost = cost[0] if cost else None
+    if cost is None:
         raise ExplorerError(
-            "the compiler gave no cost analysis (flops and bytes accessed) for this program, "
-            "so its compute cannot be priced (it is never counted as 0); found "
-            f"{sorted(cost or {})}. The backend {jax.default_backend()!r} may not support "
-            "cost_analysis(); use the CPU or GPU backend to profile."
+            "the compiler gave no cost analysis for this program, so its compute cannot be "
+            "priced (it is never counted as 0). The backend "
+            f"{jax.default_backend()!r} may not support cost_analysis(); use the CPU or GPU "
+            "backend to profile."
         )
-    return float(cost["flops"]), float(cost["bytes accessed"])
+    # XLA's cost analysis leaves out properties that are zero (a program that only moves
+    # its arguments has no "flops" entry): an absent entry in a present analysis is a 0
+    return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
 def _memory(compiled: Any) -> tuple[int, int]:

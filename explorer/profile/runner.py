@@ -29,7 +29,12 @@ import pandas as pd
 
 from explorer.errors import ExplorerError, ProfilingBudgetError
 from explorer.ir import BlockAnalysis, Config, Graph, Role, Segmentation, SegmentInstance
-from explorer.layouts import instance_dependencies, place
+from explorer.layouts import (
+    CONTEXT_SEPARATOR,
+    configuration_name,
+    instance_dependencies,
+    place,
+)
 from explorer.mesh import MeshSpec, make_mesh
 from explorer.profile.backends import (
     Backend,
@@ -59,8 +64,6 @@ COLUMNS = [
 # Bump when the way programs are built changes (what is constrained, where): profiles of
 # programs built the old way are then not reused.
 PROGRAM_VERSION = "placement-6"
-# between a segment configuration's own strategies and those of the blocks it depends on
-CONTEXT_SEPARATOR = " | "
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,18 +239,9 @@ class _Context:
             )
             program_hash = f"{_ops_digest(self.graph, instance.ops)}:{PROGRAM_VERSION}"
             for choices, context in itertools.product(space, contexts):
-                names = (
-                    ",".join(
-                        blocks[b].strategies[c].name
-                        for b, c in zip(instance.blocks, choices, strict=True)
-                    )
-                    or "-"
+                names = configuration_name(
+                    blocks, instance.blocks, tuple(choices), depends, context
                 )
-                if depends:
-                    names += CONTEXT_SEPARATOR + ",".join(
-                        f"{blocks[b].scope or b}:{blocks[b].strategies[c].name}"
-                        for b, c in zip(depends, context, strict=True)
-                    )
                 yield _Job(
                     kind="segment",
                     segment=unique.id,
