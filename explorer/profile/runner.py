@@ -63,7 +63,7 @@ COLUMNS = [
 
 # Bump when the way programs are built changes (what is constrained, where): profiles of
 # programs built the old way are then not reused.
-PROGRAM_VERSION = "placement-6"
+PROGRAM_VERSION = "placement-7"
 
 
 @dataclass(frozen=True, slots=True)
