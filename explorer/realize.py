@@ -1,9 +1,10 @@
 """Realisation: Graph + Config + mesh -> a jittable sharded program.
 
 The inlined step is re-executed primitive by primitive (`_jax_compat.evaluate`) with
-`with_sharding_constraint` on every value a block owns and on the operands a block head wants
-in its own layout, and with input and output shardings from the ShardingAssignment. XLA's SPMD
-partitioner then inserts exactly the communication the configuration implies.
+`with_sharding_constraint` on every value the ShardingAssignment places (`layouts.place`
+places them all) and on the operands it wants read in another layout (block heads, readers
+across a segment boundary), and with input and output shardings from the assignment. XLA's
+SPMD partitioner then inserts exactly the communication the configuration implies.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ a block left with none keeps only the replicated strategy.
 
 `shardings()` turns a Config into a layout for every value the blocks own (by propagation,
 computed in blocks.py), the step's parameters and their optimizer state (from the consuming
-block), and the step's results (matched to the inputs they update). Everything else is left
-to the compiler's sharding propagation.
+block), and the step's results (matched to the inputs they update). `layouts.place` builds
+on it to place every other value of the step, so nothing is left to the compiler's sharding
+propagation.
 """
 
 from __future__ import annotations
