@@ -74,8 +74,19 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     """
     allowed = _allowed(model, pins or {})
     candidates: list[tuple[float, int, Selection]] = []
+    dead_end: AnalysisError | None = None
     for narrowed in _consistent_choices(model, allowed):
-        candidates += _uniform(model, narrowed) if uniform else _chain(model, narrowed)
+        if uniform:
+            candidates += _uniform(model, narrowed)
+            continue
+        # one joint strategy of the shared blocks may have no profiled way through (a quick
+        # look skips some reshardings); the others still make plans
+        try:
+            candidates += _chain(model, narrowed)
+        except AnalysisError as err:
+            dead_end = err
+    if dead_end is not None and not candidates:
+        raise dead_end
     if uniform and not candidates:
         raise AnalysisError("the pins leave some segment type no common configuration")
     return _frontier(candidates, model)

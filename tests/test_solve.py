@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from explorer.cost import CostModel, Option
+from explorer.errors import AnalysisError
 from explorer.solve import NoPlanFitsError, solve_frontier
 
 
@@ -218,3 +219,25 @@ def test_combined_latency_is_paid_once_per_bucket() -> None:
     # 3 + 256 elements: two buckets of at most 256, each paying the latency once
     assert model.time((0, 0)) == pytest.approx(2.0 + 2 * 0.5)
     assert model.combined_latency((0, 0)) == pytest.approx(1.0)
+
+
+def test_a_shared_block_strategy_with_no_way_in_is_skipped_not_fatal() -> None:
+    """The embedding is priced per strategy of the head it shares a parameter with; when a
+    quick look leaves one head strategy no profiled resharding into it, the plans of the other
+    strategies remain, and only when no strategy has a way through is it an error."""
+    embed = tuple(Option((), f"-|{s}", 1.0 + s, 0.0, 0, 0, 0, context=(s,)) for s in (0, 1))
+    head = tuple(Option((s,), f"h{s}", 1.0, 0.0, 0, 0, 0) for s in (0, 1))
+
+    def model(moves: dict[tuple[int, int], float]) -> CostModel:
+        return CostModel(
+            ("embed", "head"),
+            (embed, head),
+            (moves,),
+            dependencies=((0,), ()),
+            instance_blocks=((), (0,)),
+        )
+
+    frontier = solve_frontier(model({(0, 0): 0.0, (0, 1): np.inf}))
+    assert [p.selection for p in frontier.points] == [(0, 0)]
+    with pytest.raises(AnalysisError, match="no configuration of 'head' can follow"):
+        solve_frontier(model({(0, 0): np.inf, (0, 1): np.inf}))
