@@ -190,10 +190,32 @@ def _strip_transforms(component: str) -> str:
         component = m.group(1)
 
 
+# Name-stack components JAX adds for rematerialisation: the recomputed forward ops of a
+# `jax.checkpoint` / `nn.remat` body sit under them, in the scope of the ops they recompute.
+_REMAT_COMPONENTS = frozenset({"rematted_computation", "checkpoint", "remat"})
+
+
 def scope_of(name_stack: str) -> str:
-    """The user's scope path with autodiff/vmap wrappers removed: `transpose(jvp(a))/b` -> `a/b`."""
-    parts = (_strip_transforms(p) for p in name_stack.split("/"))
-    return "/".join(p for p in parts if p)
+    """The user's scope path with autodiff/vmap wrappers removed: `transpose(jvp(a))/b` -> `a/b`.
+
+    A transposed equation's stack repeats the scope it transposes
+    (`transpose(jvp(Model))/jvp(Model)/layer_0`), and recomputed ops of a remat body add
+    `rematted_computation`: both collapse, so forward, recomputed and backward ops of one
+    layer share one scope.
+    """
+    parts: list[str] = []
+    previous_wrapped = False
+    for component in name_stack.split("/"):
+        stripped = _strip_transforms(component)
+        wrapped = stripped != component
+        if not stripped or stripped in _REMAT_COMPONENTS:
+            continue
+        if parts and parts[-1] == stripped and (wrapped or previous_wrapped):
+            previous_wrapped = True
+            continue
+        parts.append(stripped)
+        previous_wrapped = wrapped
+    return "/".join(parts)
 
 
 def is_transposed(name_stack: str) -> bool:
