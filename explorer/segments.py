@@ -16,6 +16,7 @@ are left out, so an extra residual add does not make a new type.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
 from collections import Counter, defaultdict
@@ -40,17 +41,40 @@ from explorer.ir import (
     path_suffix,
 )
 
+# Configurations a unique segment may have before it is split (adaptive granularity), and
+# the default bound of a profiling run per segment type.
+DEFAULT_PROFILING_BUDGET = 256
+
 TRIVIAL = affine.ELEMENTWISE | {
     "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims", "copy", "copy_p",
     "convert_element_type", "select_n",
 }  # fmt: skip
 
 
-def build_segments(graph: Graph, analysis: BlockAnalysis) -> Segmentation:
+def build_segments(
+    graph: Graph, analysis: BlockAnalysis, cap: int = DEFAULT_PROFILING_BUDGET
+) -> Segmentation:
+    """Cut the step into segment instances and unique types (see the module doc).
+
+    Two cuts are tried: by the user's top-level scopes, and by structure (repeats of block
+    fingerprints, ops assigned by their dependencies). Any type whose sub-space exceeds `cap`
+    configurations is split at the block boundary the fewest bytes cross. The cut that needs
+    fewer programs (Eq. 7) wins; scopes on a tie, so named layers keep their names.
+    """
     forward = [op for op in graph.ops if op.role is Role.FORWARD]
-    groups, method = _scope_groups(graph, analysis, forward)
-    if sum(1 for g in groups if g.blocks) < 2:
-        groups, method = _repeat_groups(graph, analysis, forward), "repeats"
+    candidates: list[Segmentation] = []
+    groups, _ = _scope_groups(graph, analysis, forward)
+    if sum(1 for g in groups if g.blocks) >= 2:
+        split = _split_scope_groups(graph, analysis, groups, cap)
+        candidates.append(_segmentation(graph, analysis, split, "scopes"))
+    structural = _structural_groups(graph, analysis, forward, cap)
+    candidates.append(_segmentation(graph, analysis, structural, "repeats"))
+    return min(candidates, key=lambda s: program_count(s, analysis).total)
+
+
+def _segmentation(
+    graph: Graph, analysis: BlockAnalysis, groups: list[_Group], method: str
+) -> Segmentation:
     segment_of_op: list[int | None] = [None] * len(graph.ops)
     for index, group in enumerate(groups):
         for op_id in group.forward_ops:
@@ -86,6 +110,12 @@ def build_segments(graph: Graph, analysis: BlockAnalysis) -> Segmentation:
         notes.append(
             "no reuse found: every segment is unique, so profiling covers each one separately"
         )
+    if any(g.part for g in groups):
+        notes.append(
+            "split over the configuration cap: "
+            + ", ".join(sorted({g.label for g in groups if g.part == 1}))
+            + " and their repeats are cut at the block boundary the fewest bytes cross"
+        )
     return Segmentation(
         instances=instances,
         unique=unique,
@@ -101,6 +131,7 @@ class _Group:
     label: str
     forward_ops: list[int]
     blocks: list[int]
+    part: int = 0  # 1, 2, ... for the parts of a group split over the configuration cap
 
 
 # -- grouping -------------------------------------------------------------------------------
@@ -151,25 +182,235 @@ def _scope_groups(
     return merged, "scopes"
 
 
-def _repeat_groups(graph: Graph, analysis: BlockAnalysis, forward: list[OpNode]) -> list[_Group]:
-    """Greedy cover of the block sequence by tandem repeats of block fingerprints."""
-    symbols = [_block_signature(graph, b) for b in analysis.blocks]
+def _structural_groups(
+    graph: Graph, analysis: BlockAnalysis, forward: list[OpNode], cap: int
+) -> list[_Group]:
+    """Instances from structure alone: the block sequence covered by tandem repeats of block
+    fingerprints, spans over the cap split, then every forward op assigned by dependency."""
+    blocks = analysis.blocks
+    symbols = [_block_signature(graph, b) for b in blocks]
     spans = _cover(symbols, 0, len(symbols))
     if not spans:
         return [_Group("", [op.id for op in forward], [])]
-    groups = []
-    previous_end = -1
+    parts: list[tuple[list[int], int]] = []  # (blocks, part number)
+    cuts: dict[tuple[str, ...], tuple[int, ...]] = {}
     for start, end in spans:
-        last = max(o for b in analysis.blocks[start:end] for o in b.forward_ops)
-        ops = [op.id for op in forward if previous_end < op.id <= last]
-        groups.append(_Group(f"blocks_{start}", ops, list(range(start, end))))
-        previous_end = last
-    tail = [op.id for op in forward if op.id > previous_end]
-    if any(graph.ops[o].primitive not in TRIVIAL for o in tail):
-        groups.append(_Group("tail", tail, []))  # the loss: a segment of its own
-    else:
-        groups[-1].forward_ops.extend(tail)
+        unit = tuple(symbols[start:end])
+        if unit not in cuts:  # every repeat of a unit is cut where its first one is
+            cuts[unit] = _cap_cuts(graph, analysis, list(range(start, end)), cap)
+        edges = (start, *(start + c for c in cuts[unit]), end)
+        pieces = list(itertools.pairwise(edges))
+        for k, (a, b) in enumerate(pieces):
+            parts.append((list(range(a, b)), k + 1 if len(pieces) > 1 else 0))
+    part_of_block = {b: n for n, (members, _) in enumerate(parts) for b in members}
+    owner = _owners(graph, analysis, [op.id for op in forward], part_of_block, len(parts))
+    groups = [
+        _Group(_span_label(graph, blocks, members, part), [], members, part)
+        for members, part in parts
+    ]
+    prefix = _Group("input", [], [])
+    tail = _Group("loss", [], [])
+    for op in forward:
+        found = owner[op.id]
+        target = prefix if found == _PREFIX else tail if found == _TAIL else groups[found]
+        target.forward_ops.append(op.id)
+    if prefix.forward_ops:
+        groups.insert(0, prefix)
+    if tail.forward_ops:
+        groups.append(tail)
     return groups
+
+
+_PREFIX, _TAIL = -1, -2
+
+
+def _owners(
+    graph: Graph,
+    analysis: BlockAnalysis,
+    ops: list[int],
+    part_of_block: dict[int, int],
+    n: int,
+    *,
+    ends: bool = True,
+) -> dict[int, int]:
+    """The part each forward op belongs to, so that repeated parts hold the same ops.
+
+    A block op belongs to its block's part. Any other op goes with the latest part it
+    depends on (a layer norm after a residual add ends the layer that made the residual).
+    An op depending on no part goes with its earliest reader, except that activations read
+    first by the first part (an embedding, the first layer norm) form the `_PREFIX`, and the
+    loss after the last part, when that part repeats one before it, forms the `_TAIL`
+    (`ends=False`: no prefix or tail, for the parts of one group).
+    """
+    members = set(ops)
+    up: dict[int, int | None] = {}
+    from_data: dict[int, bool] = {}
+    for op_id in ops:
+        op = graph.ops[op_id]
+        block = analysis.block_of_op[op_id]
+        found: int | None = part_of_block.get(block) if block is not None else None
+        data = False
+        for vid in op.inputs:
+            value = graph.values[vid]
+            if value.kind is ValueKind.DATA:
+                data = True
+            producer = value.producer
+            if producer is None or producer not in members:
+                continue
+            data = data or from_data[producer]
+            earlier = up[producer]
+            if earlier is not None and (found is None or earlier > found) and block is None:
+                found = earlier
+        up[op_id], from_data[op_id] = found, data
+    owner: dict[int, int] = {}
+    for op_id in reversed(ops):
+        if up[op_id] is not None:
+            owner[op_id] = up[op_id]  # type: ignore[assignment]
+            continue
+        readers = [
+            owner[u]
+            for vid in graph.ops[op_id].outputs
+            for u in graph.users(vid)
+            if u in owner and u in members
+        ]
+        readers = [r for r in readers if r >= 0] or readers
+        first = min(readers, default=0)
+        prefix = ends and from_data[op_id] and first in (0, _PREFIX)
+        owner[op_id] = _PREFIX if prefix else max(first, 0)
+    if ends and n >= 2:
+        _split_off_the_loss(graph, ops, owner, n)
+    return owner
+
+
+def _split_off_the_loss(graph: Graph, ops: list[int], owner: dict[int, int], n: int) -> None:
+    """Ops of the last part that no block reads and that lead to a step result (the loss)
+    form the tail, unless the part before it has such ops too (a per-layer auxiliary loss)."""
+    outputs = set(graph.outputs)
+    to_result: set[int] = set()
+    for op_id in reversed(ops):
+        op = graph.ops[op_id]
+        if any(v in outputs for v in op.outputs) or any(
+            u in to_result for v in op.outputs for u in graph.users(v)
+        ):
+            to_result.add(op_id)
+    block_readers: set[int] = set()  # ops some block reads, directly or through other ops
+    for op_id in reversed(ops):
+        if owner[op_id] >= 0 and any(
+            u in block_readers or (u in owner and graph.ops[u].primitive in CONTRACTION_PRIMITIVES)
+            for v in graph.ops[op_id].outputs
+            for u in graph.users(v)
+        ):
+            block_readers.add(op_id)
+
+    def loss_like(part: int) -> list[int]:
+        return [
+            o
+            for o in ops
+            if owner[o] == part
+            and o in to_result
+            and o not in block_readers
+            and graph.ops[o].primitive not in CONTRACTION_PRIMITIVES
+        ]
+
+    last = loss_like(n - 1)
+    if not last or loss_like(n - 2):
+        return
+    if any(graph.ops[o].primitive not in TRIVIAL for o in last):
+        for o in last:
+            owner[o] = _TAIL
+
+
+def _span_label(
+    graph: Graph, blocks: tuple[ParallelBlock, ...], members: list[int], part: int
+) -> str:
+    """A readable name from whatever scope the heads carry: their common scope path."""
+    scopes = [graph.ops[blocks[b].head].scope.split("/") for b in members]
+    common: list[str] = []
+    for names in zip(*scopes, strict=False):
+        if len(set(names)) != 1 or not re.fullmatch(r"[\w.\-]+", names[0]):
+            break
+        common.append(names[0])
+    numbered = [c for c in common if re.search(r"\d", c)]
+    label = numbered[0] if numbered else (common[-1] if common else f"blocks_{members[0]}")
+    return f"{label} part {part}" if part else label
+
+
+def _cap_cuts(
+    graph: Graph, analysis: BlockAnalysis, members: list[int], cap: int
+) -> tuple[int, ...]:
+    """Offsets (in blocks) where a span over `cap` configurations is cut, recursively: at a
+    block boundary no earlier tensor skips over if there is one (a residual stream crossing
+    a cut makes the far side depend on the near side's strategy), then where Eq. 7 counts the
+    fewest programs, then where the fewest bytes cross."""
+    blocks = analysis.blocks
+    sizes = [max(1, len(blocks[b].strategies)) for b in members]
+    if math.prod(sizes) <= cap or len(members) < 2:
+        return ()
+    starts = [min(blocks[b].forward_ops) for b in members]
+    lo, hi = starts[0], max(o for b in members for o in blocks[b].forward_ops)
+    best: tuple[tuple[int, int, int], int] | None = None
+    for k in range(1, len(members)):
+        cut = starts[k]
+        skipping = crossing = 0
+        for op_id in range(lo, cut):
+            op = graph.ops[op_id]
+            if op.role is not Role.FORWARD:
+                continue
+            for vid in op.outputs:
+                if any(
+                    cut <= u <= hi and graph.ops[u].role is Role.FORWARD for u in graph.users(vid)
+                ):
+                    crossing += graph.values[vid].type.nbytes
+        for op_id in range(cut, hi + 1):  # tensors from before the span read past the cut
+            op = graph.ops[op_id]
+            if op.role is not Role.FORWARD:
+                continue
+            for vid in op.inputs:
+                producer = graph.values[vid].producer
+                if (
+                    producer is not None
+                    and producer < lo
+                    and graph.ops[producer].role is Role.FORWARD
+                ):
+                    skipping += graph.values[vid].type.nbytes
+        # the programs this cut costs by Eq. 7: both sides, and the pairs across it
+        programs = math.prod(sizes[:k]) + math.prod(sizes[k:]) + sizes[k - 1] * sizes[k]
+        key = (skipping, crossing, programs)
+        if best is None or key < best[0]:
+            best = (key, k)
+    assert best is not None
+    k = best[1]
+    left = _cap_cuts(graph, analysis, members[:k], cap)
+    right = _cap_cuts(graph, analysis, members[k:], cap)
+    return (*left, k, *(k + c for c in right))
+
+
+def _split_scope_groups(
+    graph: Graph, analysis: BlockAnalysis, groups: list[_Group], cap: int
+) -> list[_Group]:
+    """Scope groups whose sub-space exceeds `cap`, split like structural spans."""
+    symbols = {b.index: _block_signature(graph, b) for b in analysis.blocks}
+    cuts: dict[tuple[str, ...], tuple[int, ...]] = {}
+    result: list[_Group] = []
+    for group in groups:
+        unit = tuple(symbols[b] for b in group.blocks)
+        if unit not in cuts:
+            cuts[unit] = _cap_cuts(graph, analysis, group.blocks, cap)
+        if not cuts[unit]:
+            result.append(group)
+            continue
+        edges = (0, *cuts[unit], len(group.blocks))
+        pieces = [group.blocks[a:b] for a, b in itertools.pairwise(edges)]
+        part_of_block = {b: k for k, members in enumerate(pieces) for b in members}
+        owner = _owners(graph, analysis, group.forward_ops, part_of_block, len(pieces), ends=False)
+        split = [
+            _Group(f"{group.label} part {k + 1}", [], members, k + 1)
+            for k, members in enumerate(pieces)
+        ]
+        for op_id in group.forward_ops:
+            split[owner[op_id]].forward_ops.append(op_id)
+        result.extend(split)
+    return result
 
 
 def _cover(symbols: list[str], lo: int, hi: int) -> list[tuple[int, int]]:
@@ -215,7 +456,16 @@ def _assign_backward(graph: Graph, groups: list[_Group], segment_of_op: list[int
         elif len(by_label.get(op.scope, ())) == 1:
             segment = next(iter(by_label[op.scope]))
         else:
-            segment = current
+            # a cotangent sum (a residual's two branches): with the earliest segment whose
+            # backward made one of its operands, so each cotangent moves one segment back
+            made = [
+                segment_of_op[p]
+                for v in op.inputs
+                if (p := graph.values[v].producer) is not None
+                and graph.ops[p].role is Role.BACKWARD
+                and segment_of_op[p] is not None
+            ]
+            segment = min((m for m in made if m is not None), default=current)
         segment_of_op[op.id] = segment
         current = segment if segment is not None else current
 
@@ -354,7 +604,9 @@ def _digest(parts: object) -> str:
 
 
 def _generic_label(label: str) -> str:
-    return re.sub(r"_?\d+$", "", label) or "segment"
+    base, _, part = label.partition(" part ")
+    generic = re.sub(r"_?\d+$", "", base) or "segment"
+    return f"{generic} part {part}" if part else generic
 
 
 def _boundaries(graph: Graph, segment_of_op: list[int], count: int) -> tuple[Boundary, ...]:
@@ -440,8 +692,6 @@ def program_count(
 
 # -- profiling budget -----------------------------------------------------------------------
 
-DEFAULT_PROFILING_BUDGET = 256
-
 
 def check_profiling_budget(
     segmentation: Segmentation, analysis: BlockAnalysis, budget: int = DEFAULT_PROFILING_BUDGET
@@ -453,6 +703,14 @@ def check_profiling_budget(
             unique = segmentation.unique[type_id]
             instance = next(i for i in segmentation.instances if i.unique_id == type_id)
             sizes = " x ".join(str(len(analysis.blocks[b].strategies)) for b in instance.blocks)
+            if len(instance.blocks) == 1:
+                block = analysis.blocks[instance.blocks[0]]
+                raise ProfilingBudgetError(
+                    f"block {block.index} ({block.scope or 'unscoped'}, head op #{block.head}) "
+                    f"alone has {len(block.strategies)} strategies, over the profiling budget "
+                    f"of {budget}: a segment is cut only between blocks, so no cut can bring "
+                    f"it under. Raise the budget to at least {len(block.strategies)}."
+                )
             raise ProfilingBudgetError(
                 f"segment type {type_id} ({unique.label!r}, {unique.block_count} blocks, first "
                 f"instance {instance.label!r}) has {configurations} configurations ({sizes}), "
