@@ -10,12 +10,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import pytest
-from user_models import BUILDERS, UserStep, linen_fused_qkv
+from user_models import BUILDERS, DEEP_BUILDERS, UserStep, linen_fused_qkv
 
 import explorer as ex
 from explorer.blocks import build_blocks
 from explorer.errors import ArgumentMismatchError
 from explorer.ir import CONTRACTION_PRIMITIVES, DimRole, Graph, OpNode, Role, ValueKind
+from explorer.segments import check_profiling_budget
 from explorer.trace import RoleWarning
 
 
@@ -191,3 +192,40 @@ def test_a_fused_qkv_projection_offers_head_parallelism() -> None:
     assert any("size 3" in note for note in qkv.role_notes)
     # the attention's score and value contractions carry the heads split
     assert sum(graph.ops[o].primitive == "dot_general" for o in qkv.forward_ops) == 3
+
+
+# -- repeats found from structure, bounded profiling ------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(DEEP_BUILDERS))
+def test_repeated_layers_are_recognised_whatever_the_depth(name: str) -> None:
+    """Program count (the paper's Eq. 7) is the same at 2 and 4 layers: every layer after
+    the first is a repeat, found from structure (Flax loops and remat, NNX without a name
+    stack, Equinox), and no unique segment exceeds the configuration cap."""
+    counts, summaries = {}, {}
+    for layers in (2, 4):
+        user = DEEP_BUILDERS[name](layers)
+        analysis = ex.analyze(user.step, *user.args, mesh=(4,), profile=False)
+        counts[layers] = analysis.program_count
+        summaries[layers] = analysis.segments.summary()
+        assert analysis.segments.reuse_found
+        check_profiling_budget(analysis.segments, analysis.block_analysis)
+    print(f"\n[{name}] programs {counts}\n{summaries[4]}")
+    assert counts[2] == counts[4]
+    assert counts[4] <= 320
+
+
+def test_remat_recomputation_joins_the_blocks_it_recomputes() -> None:
+    """Under `nn.remat` the recomputed forward ops are linked to the forward op they repeat
+    and join its block, like its backward ops."""
+    _, graph = _traced("linen_remat")
+    analysis = build_blocks(graph, 4)
+    forward_dots = [op for op in graph.contractions() if op.role is Role.FORWARD]
+    for op in graph.contractions():
+        if op.role is Role.BACKWARD:
+            assert op.forward_op is not None, str(op)
+    for block in analysis.blocks:
+        assert block.backward_ops, f"block {block.index} has no backward op"
+    # two transposes per forward contraction, plus one recomputation inside each layer
+    backward = [op for op in graph.contractions() if op.role is Role.BACKWARD]
+    assert len(backward) > 2 * len(forward_dots)

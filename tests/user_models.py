@@ -55,12 +55,13 @@ class _LinenBlock(nn.Module):
 
 class LinenDecoder(nn.Module):
     remat: bool = False
+    layers: int = LAYERS
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         block = nn.remat(_LinenBlock) if self.remat else _LinenBlock
         x = nn.Embed(VOCAB, WIDTH)(tokens)
-        for i in range(LAYERS):
+        for i in range(self.layers):
             x = block(name=f"layer_{i}")(x)
         return nn.Dense(VOCAB)(nn.LayerNorm()(x))
 
@@ -75,10 +76,10 @@ def _linen_step(model: nn.Module, params: Any, batch: Any, loss_of: Callable[...
     return UserStep(step, (params, OPT.init(params), batch), leaves, "batch[0]")
 
 
-def linen_decoder(*, remat: bool = False) -> UserStep:
+def linen_decoder(*, remat: bool = False, layers: int = LAYERS) -> UserStep:
     """A Python loop of self-attention (`nn.MultiHeadDotProductAttention`) and `nn.Dense`
     blocks, each `nn.remat`-wrapped if asked."""
-    model = LinenDecoder(remat=remat)
+    model = LinenDecoder(remat=remat, layers=layers)
     tokens = _tokens()
     params = model.init(jax.random.PRNGKey(0), tokens)
     return _linen_step(model, params, (tokens,), lambda logits, b: _next_token_loss(logits, b[0]))
@@ -127,10 +128,10 @@ def linen_cnn() -> UserStep:
     return _linen_step(model, params, (images, labels), loss_of)
 
 
-def flax_train_state() -> UserStep:
+def flax_train_state(layers: int = LAYERS) -> UserStep:
     """`step(state, batch)` on a Flax `TrainState`: params, opt_state and the step counter all
     inside one argument."""
-    model = LinenDecoder()
+    model = LinenDecoder(layers=layers)
     tokens = _tokens()
     params = model.init(jax.random.PRNGKey(0), tokens)
     state = train_state.TrainState.create(apply_fn=model.apply, params=params, tx=OPT)
@@ -163,9 +164,9 @@ class _NNXBlock(nnx.Module):
 
 
 class NNXDecoder(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
+    def __init__(self, rngs: nnx.Rngs, layers: int = LAYERS) -> None:
         self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
-        self.layers = nnx.List([_NNXBlock(rngs) for _ in range(LAYERS)])
+        self.layers = nnx.List([_NNXBlock(rngs) for _ in range(layers)])
         self.norm = nnx.LayerNorm(WIDTH, rngs=rngs)
         self.head = nnx.Linear(WIDTH, VOCAB, rngs=rngs)
 
@@ -176,10 +177,10 @@ class NNXDecoder(nnx.Module):
         return self.head(self.norm(x))
 
 
-def nnx_decoder() -> UserStep:
+def nnx_decoder(layers: int = LAYERS) -> UserStep:
     """`nnx.split` the model into a graph definition and its parameter state; the step
     merges them back, so it takes and returns plain pytrees of arrays."""
-    graphdef, params = nnx.split(NNXDecoder(nnx.Rngs(0)), nnx.Param)
+    graphdef, params = nnx.split(NNXDecoder(nnx.Rngs(0), layers), nnx.Param)
 
     def step(params: Any, opt_state: Any, tokens: jax.Array) -> Any:
         def loss(p: Any) -> jax.Array:
@@ -225,8 +226,8 @@ class EqxDecoder(eqx.Module):
     norm: eqx.nn.LayerNorm
     head: eqx.nn.Linear
 
-    def __init__(self, key: jax.Array) -> None:
-        keys = jax.random.split(key, LAYERS + 2)
+    def __init__(self, key: jax.Array, layers: int = LAYERS) -> None:
+        keys = jax.random.split(key, layers + 2)
         self.embed = eqx.nn.Embedding(VOCAB, WIDTH, key=keys[0])
         self.layers = [_EqxBlock(k) for k in keys[1:-1]]
         self.norm = eqx.nn.LayerNorm(WIDTH)
@@ -239,10 +240,10 @@ class EqxDecoder(eqx.Module):
         return jax.vmap(lambda t: self.head(self.norm(t)))(x)
 
 
-def eqx_decoder() -> UserStep:
+def eqx_decoder(layers: int = LAYERS) -> UserStep:
     """`eqx.partition` keeps the arrays as the step's argument and closes over the rest;
     the loss is taken with `eqx.filter_value_and_grad`."""
-    params, static = eqx.partition(EqxDecoder(jax.random.PRNGKey(0)), eqx.is_array)
+    params, static = eqx.partition(EqxDecoder(jax.random.PRNGKey(0), layers), eqx.is_array)
 
     def step(params: Any, opt_state: Any, tokens: jax.Array) -> Any:
         @eqx.filter_value_and_grad
@@ -265,4 +266,13 @@ BUILDERS: dict[str, Callable[[], UserStep]] = {
     "equinox": eqx_decoder,
     "train_state": flax_train_state,
     "cnn": linen_cnn,
+}
+
+# the decoders at any depth (the CNN has no layers to repeat)
+DEEP_BUILDERS: dict[str, Callable[[int], UserStep]] = {
+    "linen": lambda layers: linen_decoder(layers=layers),
+    "linen_remat": lambda layers: linen_decoder(remat=True, layers=layers),
+    "nnx": nnx_decoder,
+    "equinox": eqx_decoder,
+    "train_state": flax_train_state,
 }
