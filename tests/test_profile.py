@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import weakref
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from explorer.errors import ExplorerError
 from explorer.ir import BlockAnalysis, Graph, Segmentation
 from explorer.mesh import mesh_spec
 from explorer.platforms import load_platform
+from explorer.profile import runner
 from explorer.profile.cache import ProfileCache
 from explorer.profile.hlo import CollectiveKind, parse_collectives
 from explorer.profile.runner import profile_all
@@ -159,6 +161,42 @@ def test_ten_times_the_bandwidth_cuts_communication_not_computation() -> None:
         f"\nT_C base / 10x-bandwidth, median over configurations: "
         f"{(busy['t_comm'] / busy['t_comm_fast']).median():.2f}x (latency-bound tiny model)"
     )
+
+
+def test_priced_executables_are_released_and_progress_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A long run must not keep what it compiled (its memory maps once ran out after ~300
+    programs): no executable outlives the run, and the periodic release runs between
+    programs. benchmarks/profile_memory_bench.py measures a run of 1,000."""
+    graph, analysis, segmentation = _tiny_gpt()
+    compiled: list[weakref.ref[Any]] = []
+    original = runner.compile_program
+
+    def tracked(lowered: Any, backend: Any) -> Any:
+        executable = original(lowered, backend)
+        compiled.append(weakref.ref(executable))
+        return executable
+
+    monkeypatch.setattr(runner, "compile_program", tracked)
+    monkeypatch.setattr(runner, "RELEASE_EVERY", 2)
+    counted: list[int] = []
+    table = profile_all(
+        graph,
+        analysis,
+        segmentation,
+        mesh_spec((4,)),
+        platform=load_platform("a100-pcie-8"),
+        cache=ProfileCache(None),
+        progress=False,
+        workers=2,
+        only=lambda kind, label, config: label == "layer->head" and config.endswith("->M@x"),
+        on_program=counted.append,
+    )
+    assert len(table) >= 3 and (table["status"] == "ok").all()
+    assert counted == list(range(1, len(table) + 1))
+    assert len(compiled) == len(table)
+    assert all(ref() is None for ref in compiled)
 
 
 def test_measured_mode_refuses_a_mesh_larger_than_the_devices() -> None:

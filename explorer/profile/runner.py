@@ -13,6 +13,10 @@ build, compile or run is recorded as infeasible with its reason and never stops 
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
+import functools
+import gc
 import hashlib
 import itertools
 import json
@@ -62,6 +66,9 @@ COLUMNS = [
     "seconds", "context", "combined",
 ]  # fmt: skip
 
+# Every this many programs priced, the run gives back the memory they left (`_release_memory`).
+RELEASE_EVERY = 100
+
 # Bump when the way programs are built changes (what is constrained, where): profiles of
 # programs built the old way are then not reused.
 PROGRAM_VERSION = "placement-7"
@@ -105,11 +112,14 @@ def profile_all(
     progress: bool = True,
     only: Callable[[str, str, str], bool] | None = None,
     time_limit_factor: float = DYNAMIC_LIMIT_FACTOR,
+    on_program: Callable[[int], None] | None = None,
 ) -> pd.DataFrame:
     """Profile every unique segment configuration and boundary; one row per program.
 
     `only(kind, label, config)` restricts the run to the programs it accepts (a quick look at
-    one segment, or a test); by default everything is profiled.
+    one segment, or a test); by default everything is profiled. `on_program(n)` is called
+    after each program this run compiles and prices (not the cached ones), with the number
+    priced so far (a progress or memory probe).
     """
     backend = Backend(backend)
     if backend is Backend.MEASURED and jax.device_count() != mesh.size:
@@ -126,19 +136,21 @@ def profile_all(
         graph, analysis, segmentation, mesh, jax_mesh, platform, backend, time_limit_factor
     )
     rows: list[dict[str, Any]] = []
+    priced = itertools.count(1)
+    tick = None if on_program is None else (lambda: on_program(next(priced)))
     # A selection bounds the work by itself: it picks from the full space, no budget applies.
     pruned_types = {} if only is not None else _over_budget(segmentation, analysis, budget, prune)
     first_round = list(context.segment_jobs(pruned_types)) + list(context.reshard_jobs())
     if only is not None:  # a configuration with a context is selected by its own part
         first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]
-    rows += _run(first_round, context, cache, workers, progress)
+    rows += _run(first_round, context, cache, workers, progress, tick=tick)
     for type_id in pruned_types:  # second sweep: pairs around the best of the first
         best = _best_choices(rows, type_id)
         if best is not None:
             jobs = list(context.segment_jobs({type_id: best}, only=type_id))
             seen = {(r["segment"], r["choices"]) for r in rows}
             jobs = [j for j in jobs if (j.segment, j.choices) not in seen]
-            rows += _run(jobs, context, cache, workers, progress)
+            rows += _run(jobs, context, cache, workers, progress, tick=tick)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -347,7 +359,13 @@ class _Context:
 
 
 def _run(
-    jobs: list[_Job], context: _Context, cache: ProfileCache, workers: int | None, progress: bool
+    jobs: list[_Job],
+    context: _Context,
+    cache: ProfileCache,
+    workers: int | None,
+    progress: bool,
+    *,
+    tick: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     cached = cache.get_many([job.key for job in jobs])
@@ -366,6 +384,7 @@ def _run(
         ahead = 2 * (workers or os.cpu_count() or 1)
         pending = iter(todo)
         window: collections.deque[tuple[_Job, Future[Any]]] = collections.deque()
+        done = 0
         for job in itertools.islice(pending, ahead):
             window.append((job, pool.submit(_compile, job, context.backend)))
         while window:
@@ -379,9 +398,37 @@ def _run(
             rows.append(_row(job, record, context, was_cached=False))
             if bar is not None:
                 bar.update(1)
+            if tick is not None:
+                tick()  # before a release: a probe sees the most the run holds
+            done += 1
+            if done % RELEASE_EVERY == 0:
+                _release_memory()
     if bar is not None:
         bar.close()
     return rows
+
+
+def _release_memory() -> None:
+    """Give back what the programs priced so far left behind (measured on the tiny MoE's
+    layer, benchmarks/profile_memory_bench.py): JAX's tracing and lowering caches keep ~120
+    objects per program (a jaxpr, its shardings) that no later program reuses, and glibc
+    keeps the freed compiler memory of every compile thread's arena, so resident memory
+    climbed ~200 MiB per 100 programs. Other jitted functions of the process retrace once."""
+    jax.clear_caches()
+    gc.collect()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> Any:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None  # glibc only
 
 
 def _compile(job: _Job, backend: Backend) -> tuple[_Built, Any, float]:
