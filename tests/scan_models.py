@@ -28,13 +28,20 @@ class ScanStep:
 
 
 class _Layer(nn.Module):
-    """Pre-norm attention + MLP; `(carry, x) -> (carry, None)` as `nn.scan` wants."""
+    """Pre-norm attention + MLP; `(carry, x) -> (carry, None)` as `nn.scan` wants.
+
+    Attention has no biases: the key bias's gradient is zero in exact arithmetic (softmax
+    ignores a constant added to a row), so AdamW's first update of it is the sign of rounding
+    noise, which no two compilations of the step share.
+    """
 
     @nn.compact
     def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
         mask = nn.make_causal_mask(jnp.ones(x.shape[:2]))
         h = nn.LayerNorm()(x)
-        x = x + nn.MultiHeadDotProductAttention(num_heads=HEADS, deterministic=True)(h, mask=mask)
+        x = x + nn.MultiHeadDotProductAttention(
+            num_heads=HEADS, deterministic=True, use_bias=False
+        )(h, mask=mask)
         h = nn.LayerNorm()(x)
         return x + nn.Dense(WIDTH)(nn.gelu(nn.Dense(4 * WIDTH)(h))), None
 
