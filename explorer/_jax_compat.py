@@ -8,6 +8,8 @@ sees plain Python data: `FlatProgram` of `FlatEqn`s over integer value ids.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,11 +20,7 @@ import numpy as np
 from jax._src import core as jax_core
 from jax._src import source_info_util
 
-from explorer.errors import (
-    CONTROL_FLOW_HINT,
-    GENERIC_HINT,
-    UnsupportedPrimitiveError,
-)
+from explorer.errors import GENERIC_HINT, UnsupportedPrimitiveError
 
 # Primitives whose body is a jaxpr we can splice into the parent: they add no semantics
 # beyond "call this function" for the purpose of sharding analysis. `remat2` loses its
@@ -41,7 +39,29 @@ _INLINE_PARAM = {
     "checkpoint": "jaxpr",
 }
 
-_CONTROL_FLOW = {"scan", "while", "cond", "switch", "fori_loop"}
+# `scan` is unrolled (see `flatten`); these keep a trip count or a branch known only at run
+# time, which a flat graph cannot hold.
+_CONTROL_FLOW = {"while", "cond", "switch", "fori_loop"}
+
+# Unrolling a scan beyond this many equations in the whole flat program is refused.
+MAX_UNROLLED_EQNS = 100_000
+
+SCAN_TOO_LARGE_HINT = (
+    "Unrolling it for the analysis would make more than {limit} primitive ops (the scan has "
+    "{length} iterations of {size} ops each). Trace a shallower copy of the model (fewer "
+    "layers: the plan's per-layer choices do not depend on depth), or split the scan."
+)
+
+LOOP_HINT = (
+    "A loop whose trip count is known only at run time (`while_loop`, `fori_loop` with traced "
+    "bounds) or a branch (`cond`/`switch`) hides the repeated layers from the analysis: loop "
+    "over layers with `jax.lax.scan` (or `fori_loop` with static bounds) or a Python `for` "
+    "loop, and replace `lax.cond`/`lax.switch` by `jnp.where` or a Python `if` on static values."
+)
+
+SCAN_EMPTY_HINT = (
+    "A scan of length 0 runs no iteration: there is nothing to analyse. Remove it from the step."
+)
 
 # Primitives that run a body we cannot flatten into the parent graph. Other primitives may
 # carry a jaxpr as a parameter too (scatter's update computation, generic reduce), and those
@@ -82,8 +102,83 @@ class FlatEqn:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopIteration:
+    """One unrolled iteration of a scan: which flat values its body read and made.
+
+    `inputs` are the flat ids bound to the body's invars (consts, carry, then the slices of
+    the scanned operands at `index`), `outputs` the flat ids of its outvars (carry, then the
+    per-iteration ys), `values` the flat id of every outvar of every top-level body equation,
+    in body order. The body's own equations are the flat equations `start` to `stop - 1`
+    (slicing and stacking, which the tracer adds, lie outside that range).
+    """
+
+    index: int  # position along the scanned axis
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    values: tuple[int, ...]
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoopRegion:
+    """A `scan` of the step, unrolled into the flat program at equations `start` to `stop - 1`.
+
+    `params` are the scan equation's own (its closed body `jaxpr`, `length`, `reverse`,
+    `num_consts`, `num_carry`, ...); `operands` and `results` are the flat ids of what it read
+    and made (final carry, then the stacked ys); `iterations` are in execution order (for a
+    `reverse` scan, the last index first). `depth` is 0 for a scan of the step itself, one
+    more for each scan whose body holds it.
+    """
+
+    params: dict[str, Any]
+    operands: tuple[int, ...]
+    results: tuple[int, ...]
+    start: int
+    stop: int
+    iterations: tuple[LoopIteration, ...]
+    depth: int
+    name_stack: str
+    source_line: str
+
+    def __post_init__(self) -> None:
+        if len(self.iterations) != self.length:
+            raise ValueError(
+                f"scan at {self.source_line}: expected {self.length} iterations, found "
+                f"{len(self.iterations)}"
+            )
+
+    @property
+    def length(self) -> int:
+        return int(self.params["length"])
+
+    @property
+    def reverse(self) -> bool:
+        return bool(self.params["reverse"])
+
+    @property
+    def num_consts(self) -> int:
+        return int(self.params["num_consts"])
+
+    @property
+    def num_carry(self) -> int:
+        return int(self.params["num_carry"])
+
+    def iteration_of(self, eqn_index: int) -> tuple[int, int] | None:
+        """(iteration position, offset in its body) of a body equation, None elsewhere."""
+        for position, iteration in enumerate(self.iterations):
+            if iteration.start <= eqn_index < iteration.stop:
+                return position, eqn_index - iteration.start
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class FlatProgram:
-    """An inlined jaxpr: equations in topological order over integer value ids."""
+    """An inlined jaxpr: equations in topological order over integer value ids.
+
+    `loops` records every scan the tracer unrolled (outermost after the scans its body
+    holds); a program without scans has none.
+    """
 
     eqns: tuple[FlatEqn, ...]
     invars: tuple[int, ...]
@@ -91,6 +186,7 @@ class FlatProgram:
     avals: tuple[tuple[tuple[int, ...], str], ...]  # (shape, dtype name) per value id
     constants: dict[int, Any]  # value id -> concrete constant (literals, closed-over consts)
     dtypes: tuple[Any, ...] = ()  # the dtype objects themselves (PRNG key types included)
+    loops: tuple[LoopRegion, ...] = ()
 
     def subprogram(self, eqn_indices: Sequence[int]) -> FlatProgram:
         """The equations at `eqn_indices` as a program of their own.
@@ -234,84 +330,302 @@ def _join_stack(outer: str, inner: str) -> str:
 def flatten(closed_jaxpr: Any) -> FlatProgram:
     """Inline every call-like primitive of `closed_jaxpr` into one flat list of equations.
 
-    Raises UnsupportedPrimitiveError for control flow and for any other primitive that carries
-    a sub-jaxpr we do not know how to splice.
+    A `scan` (forward, the reverse one `jax.grad` makes for its backward pass, nested ones)
+    is unrolled: per iteration, each scanned operand is sliced at the iteration's index
+    (`slice` + `squeeze`), the body is inlined with the carry threaded through, and the
+    per-iteration ys are stacked (`broadcast_in_dim` + `concatenate`). Each unrolled scan is
+    recorded as a `LoopRegion`, so a program can be re-executed with the loop kept
+    (`evaluate(..., keep_loops=True)`). Slicing is shared: a scanned operand sliced twice at
+    one index (the weights the backward scan reads again) is sliced once, and a slice of
+    stacked ys is the per-iteration value itself (the residuals the backward scan reads are
+    the forward iteration's values), so the unrolled step reads like a Python `for` loop;
+    the stacking nobody reads is then dropped.
+
+    Raises UnsupportedPrimitiveError for other control flow and for any other primitive that
+    carries a sub-jaxpr we do not know how to splice.
     """
-    ids: dict[Any, int] = {}
-    avals: list[tuple[tuple[int, ...], str]] = []
-    dtypes: list[Any] = []
-    constants: dict[int, Any] = {}
-    eqns: list[FlatEqn] = []
+    return _Flattener().run(closed_jaxpr)
 
-    def new_value(var: Any) -> int:
-        avals.append(_aval_of(var))
-        dtypes.append(getattr(var.aval, "dtype", None))
-        return len(avals) - 1
 
-    def bind_var(var: Any) -> int:
-        vid = new_value(var)
-        ids[var] = vid
-        return vid
+class _Flattener:
+    """The state of one `flatten` call."""
 
-    def read(var: Any, env: dict[Any, int]) -> int:
+    def __init__(self) -> None:
+        self.avals: list[tuple[tuple[int, ...], str]] = []
+        self.dtypes: list[Any] = []
+        self.constants: dict[int, Any] = {}
+        self.eqns: list[FlatEqn] = []
+        self.loops: list[LoopRegion] = []
+        self.glue: set[int] = set()  # equations the unrolling added (slices, stacks, copies)
+        self.slices: dict[tuple[int, int], int] = {}  # (value, index) -> its slice
+        self.stacked: dict[int, tuple[int, ...]] = {}  # stacked ys -> per-index values
+        self.depth = 0
+        self.glue_jaxprs: dict[Any, Any] = {}
+
+    def run(self, closed_jaxpr: Any) -> FlatProgram:
+        jaxpr = closed_jaxpr.jaxpr
+        args = [self.new_value(v) for v in jaxpr.invars]
+        outvars = self.inline(jaxpr, closed_jaxpr.consts, args, "")
+        if not self.loops:
+            return FlatProgram(
+                eqns=tuple(self.eqns),
+                invars=tuple(args),
+                outvars=tuple(outvars),
+                avals=tuple(self.avals),
+                constants=self.constants,
+                dtypes=tuple(self.dtypes),
+            )
+        eqns, loops = self._drop_unread_glue(outvars)
+        return FlatProgram(
+            eqns=eqns,
+            invars=tuple(args),
+            outvars=tuple(outvars),
+            avals=tuple(self.avals),
+            constants=self.constants,
+            dtypes=tuple(self.dtypes),
+            loops=loops,
+        )
+
+    # -- values ------------------------------------------------------------------------------
+
+    def new_value(self, var: Any) -> int:
+        self.avals.append(_aval_of(var))
+        self.dtypes.append(getattr(var.aval, "dtype", None))
+        return len(self.avals) - 1
+
+    def read(self, var: Any, env: dict[Any, int]) -> int:
         if isinstance(var, jax_core.Literal):
-            vid = new_value(var)
-            constants[vid] = var.val
+            vid = self.new_value(var)
+            self.constants[vid] = var.val
             return vid
         return env[var]
 
-    def inline(jaxpr: Any, consts: Sequence[Any], args: Sequence[int], stack: str) -> list[int]:
+    # -- inlining ----------------------------------------------------------------------------
+
+    def inline(
+        self,
+        jaxpr: Any,
+        consts: Sequence[Any],
+        args: Sequence[int],
+        stack: str,
+        made: list[int] | None = None,
+    ) -> list[int]:
+        """Splice `jaxpr` in; `made` collects the flat ids of its equations' outvars."""
         env: dict[Any, int] = {}
         for var, const in zip(jaxpr.constvars, consts, strict=True):
-            vid = new_value(var)
-            constants[vid] = const
+            vid = self.new_value(var)
+            self.constants[vid] = const
             env[var] = vid
         for var, vid in zip(jaxpr.invars, args, strict=True):
             env[var] = vid
         for eqn in jaxpr.eqns:
             eqn_stack = _join_stack(stack, str(eqn.source_info.name_stack))
             name = eqn.primitive.name
-            operands = [read(v, env) for v in eqn.invars]
+            operands = [self.read(v, env) for v in eqn.invars]
             sub = _sub_jaxpr(eqn)
             if name in _INLINE_PARAM and sub is not None:
                 sub_jaxpr, sub_consts = sub
-                results = inline(sub_jaxpr, sub_consts, operands, eqn_stack)
-                for var, vid in zip(eqn.outvars, results, strict=True):
-                    env[var] = vid
-                continue
-            if name in _CONTROL_FLOW or name in _OPAQUE_BODIES:
-                hint = CONTROL_FLOW_HINT if name in _CONTROL_FLOW else GENERIC_HINT
+                results = self.inline(sub_jaxpr, sub_consts, operands, eqn_stack)
+            elif name == "scan":
+                results = self.unroll_scan(eqn, operands, eqn_stack)
+            elif name in _CONTROL_FLOW or name in _OPAQUE_BODIES:
+                hint = LOOP_HINT if name in _CONTROL_FLOW else GENERIC_HINT
                 raise UnsupportedPrimitiveError(name, user_location(eqn.source_info), hint)
-            outs = []
-            for var in eqn.outvars:
-                vid = new_value(var)
+            else:
+                results = [self.new_value(var) for var in eqn.outvars]
+                self.eqns.append(
+                    FlatEqn(
+                        primitive=eqn.primitive,
+                        params=dict(eqn.params),
+                        invars=tuple(operands),
+                        outvars=tuple(results),
+                        name_stack=eqn_stack,
+                        source=source_info_util.summarize(eqn.source_info),
+                        source_line=user_location(eqn.source_info),
+                    )
+                )
+            for var, vid in zip(eqn.outvars, results, strict=True):
                 if not isinstance(var, jax_core.DropVar):
                     env[var] = vid
-                outs.append(vid)
-            eqns.append(
+            if made is not None:
+                made.extend(results)
+        return [self.read(v, env) for v in jaxpr.outvars]
+
+    # -- scans -------------------------------------------------------------------------------
+
+    def unroll_scan(self, eqn: Any, operands: list[int], stack: str) -> list[int]:
+        params = eqn.params
+        length, reverse = int(params["length"]), bool(params["reverse"])
+        num_consts, num_carry = int(params["num_consts"]), int(params["num_carry"])
+        body = params["jaxpr"]
+        where = user_location(eqn.source_info)
+        if length == 0:
+            raise UnsupportedPrimitiveError("scan", where, SCAN_EMPTY_HINT)
+        size = _size(body.jaxpr)
+        if len(self.eqns) + length * size > MAX_UNROLLED_EQNS:
+            hint = SCAN_TOO_LARGE_HINT.format(limit=MAX_UNROLLED_EQNS, length=length, size=size)
+            raise UnsupportedPrimitiveError("scan", where, hint)
+        consts = operands[:num_consts]
+        carry = operands[num_consts : num_consts + num_carry]
+        xs = operands[num_consts + num_carry :]
+        start = len(self.eqns)
+        self.depth += 1
+        iterations = []
+        ys: dict[int, list[int]] = {}
+        for position, index in enumerate(range(length - 1, -1, -1) if reverse else range(length)):
+            slices = [self.slice_at(x, index, stack, eqn.source_info) for x in xs]
+            inputs = [*consts, *carry, *slices]
+            if position == 0:
+                inputs = self.distinct(inputs, stack, eqn.source_info)
+            body_start = len(self.eqns)
+            made: list[int] = []
+            outs = self.inline(body.jaxpr, body.consts, inputs, stack, made)
+            iterations.append(
+                LoopIteration(
+                    index=index,
+                    inputs=tuple(inputs),
+                    outputs=tuple(outs),
+                    values=tuple(made),
+                    start=body_start,
+                    stop=len(self.eqns),
+                )
+            )
+            carry = outs[:num_carry]
+            ys[index] = outs[num_carry:]
+        self.depth -= 1
+        stacked = []
+        for j in range(len(eqn.outvars) - num_carry):
+            parts = tuple(ys[index][j] for index in range(length))
+            (vid,) = self.emit_glue(_stack_fn, parts, stack, eqn.source_info)
+            self.stacked[vid] = parts
+            stacked.append(vid)
+        results = [*carry, *stacked]
+        self.loops.append(
+            LoopRegion(
+                params=dict(params),
+                operands=tuple(operands),
+                results=tuple(results),
+                start=start,
+                stop=len(self.eqns),
+                iterations=tuple(iterations),
+                depth=self.depth,
+                name_stack=stack,
+                source_line=where,
+            )
+        )
+        return results
+
+    def slice_at(self, vid: int, index: int, stack: str, source_info: Any) -> int:
+        """`vid[index]` along its leading axis: the stacked value itself when `vid` stacks
+        per-iteration values, the same slice when it was sliced there before."""
+        if vid in self.stacked:
+            return self.stacked[vid][index]
+        if (vid, index) not in self.slices:
+            (self.slices[vid, index],) = self.emit_glue(
+                _slice_fn(index), (vid,), stack, source_info
+            )
+        return self.slices[vid, index]
+
+    def distinct(self, inputs: list[int], stack: str, source_info: Any) -> list[int]:
+        """`inputs` with a copy for each value that repeats (a carry initialised with a
+        const): the first iteration's body must read each body input under its own id."""
+        seen: set[int] = set()
+        out = []
+        for vid in inputs:
+            fresh = vid
+            if vid in seen:
+                (fresh,) = self.emit_glue(jax.lax.copy_p.bind, (vid,), stack, source_info)
+            seen.add(fresh)
+            out.append(fresh)
+        return out
+
+    def emit_glue(
+        self, fn: Callable[..., Any], operands: Sequence[int], stack: str, source_info: Any
+    ) -> list[int]:
+        """Append the equations of `fn` applied to `operands`, at the scan's scope and line."""
+        structs = tuple(jax.ShapeDtypeStruct(self.avals[v][0], self.dtypes[v]) for v in operands)
+        key = (fn, structs)
+        if key not in self.glue_jaxprs:
+            self.glue_jaxprs[key] = jax.make_jaxpr(fn)(*structs)
+        closed = self.glue_jaxprs[key]
+        env: dict[Any, int] = dict(zip(closed.jaxpr.invars, operands, strict=True))
+        for eqn in closed.jaxpr.eqns:
+            outs = [self.new_value(var) for var in eqn.outvars]
+            env.update(zip(eqn.outvars, outs, strict=True))
+            self.glue.add(len(self.eqns))
+            self.eqns.append(
                 FlatEqn(
                     primitive=eqn.primitive,
                     params=dict(eqn.params),
-                    invars=tuple(operands),
+                    invars=tuple(self.read(v, env) for v in eqn.invars),
                     outvars=tuple(outs),
-                    name_stack=eqn_stack,
-                    source=source_info_util.summarize(eqn.source_info),
-                    source_line=user_location(eqn.source_info),
+                    name_stack=stack,
+                    source=source_info_util.summarize(source_info),
+                    source_line=user_location(source_info),
                 )
             )
-        return [read(v, env) for v in jaxpr.outvars]
+        return [self.read(v, env) for v in closed.jaxpr.outvars]
 
-    jaxpr = closed_jaxpr.jaxpr
-    top_env_args = [bind_var(v) for v in jaxpr.invars]
-    outvars = inline(jaxpr, closed_jaxpr.consts, top_env_args, "")
-    return FlatProgram(
-        eqns=tuple(eqns),
-        invars=tuple(top_env_args),
-        outvars=tuple(outvars),
-        avals=tuple(avals),
-        constants=constants,
-        dtypes=tuple(dtypes),
-    )
+    def _drop_unread_glue(
+        self, outvars: Sequence[int]
+    ) -> tuple[tuple[FlatEqn, ...], tuple[LoopRegion, ...]]:
+        """Remove the slices and stacks nothing reads, renumbering the loop regions."""
+        reads: dict[int, int] = dict.fromkeys(outvars, 1)
+        for eqn in self.eqns:
+            for vid in eqn.invars:
+                reads[vid] = reads.get(vid, 0) + 1
+        dropped: set[int] = set()
+        for index in sorted(self.glue, reverse=True):  # readers come after what they read
+            eqn = self.eqns[index]
+            if not any(reads.get(v, 0) for v in eqn.outvars):
+                dropped.add(index)
+                for vid in eqn.invars:
+                    reads[vid] -= 1
+        kept = [i for i in range(len(self.eqns)) if i not in dropped]
+        renumber = np.searchsorted(np.asarray(kept, dtype=np.int64), np.arange(len(self.eqns) + 1))
+
+        def moved(index: int) -> int:
+            return int(renumber[index])
+
+        loops = tuple(
+            dataclasses.replace(
+                loop,
+                start=moved(loop.start),
+                stop=moved(loop.stop),
+                iterations=tuple(
+                    dataclasses.replace(it, start=moved(it.start), stop=moved(it.stop))
+                    for it in loop.iterations
+                ),
+            )
+            for loop in self.loops
+        )
+        return tuple(self.eqns[i] for i in kept), loops
+
+
+def _slice_fn(index: int) -> Callable[[Any], Any]:
+    return functools.partial(_slice_at, index=index)
+
+
+def _slice_at(x: Any, index: int) -> Any:
+    return jax.lax.squeeze(jax.lax.slice_in_dim(x, index, index + 1, axis=0), (0,))
+
+
+def _stack_fn(*parts: Any) -> Any:
+    return jax.lax.concatenate([jax.lax.expand_dims(p, (0,)) for p in parts], 0)
+
+
+def _size(jaxpr: Any) -> int:
+    """Equations `jaxpr` inlines to, counting call bodies and scans unrolled."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        sub = _sub_jaxpr(eqn)
+        if eqn.primitive.name == "scan":
+            total += int(eqn.params["length"]) * _size(eqn.params["jaxpr"].jaxpr)
+        elif eqn.primitive.name in _INLINE_PARAM and sub is not None:
+            total += _size(sub[0])
+        else:
+            total += 1
+    return total
 
 
 def _sub_jaxpr(eqn: Any) -> tuple[Any, Sequence[Any]] | None:
@@ -339,28 +653,101 @@ def evaluate(
     args: Sequence[Any],
     on_value: Callable[[int, Any], Any] | None = None,
     on_operand: Callable[[int, int, Any], Any] | None = None,
+    *,
+    keep_loops: bool = False,
 ) -> list[Any]:
     """Re-execute a flat program by binding each primitive in order.
 
     `on_value(value_id, array)` may return a replacement for an op result (e.g. the array
     with a sharding constraint); `on_operand(eqn_index, position, array)` may replace what one
     op reads without changing what other readers see.
+
+    With `keep_loops`, each unrolled scan (`program.loops`) runs as a `jax.lax.scan` again:
+    its body is the first iteration's equations, with that iteration's hooks (value ids and
+    equation indices), so every iteration takes the first one's layouts. Without it the
+    program runs unrolled: that is what whole-step pricing and segment programs compile,
+    because XLA's cost analysis counts a while loop's body once, not once per trip.
     """
     env: dict[int, Any] = dict(program.constants)
     env.update(zip(program.invars, args, strict=True))
-    for index, eqn in enumerate(program.eqns):
-        operands = [env[v] for v in eqn.invars]
-        if on_operand is not None:
-            operands = [on_operand(index, p, x) for p, x in enumerate(operands)]
-        # Re-enter the original name stack so compiled HLO metadata keeps the user's scopes
-        # and the forward/backward marks (`transpose(jvp(...))`) profiling relies on.
-        with source_info_util.set_name_stack(_name_stacks(eqn.name_stack)):
-            results = eqn.primitive.bind(*operands, **eqn.params)
-        if not eqn.primitive.multiple_results:
-            results = (results,)
-        for vid, result in zip(eqn.outvars, results, strict=True):
-            env[vid] = on_value(vid, result) if on_value else result
+    runner = _Runner(program, on_value, on_operand, keep_loops)
+    runner.run(0, len(program.eqns), env, depth=0)
     return [env[v] for v in program.outvars]
+
+
+class _Runner:
+    """Binds a range of a flat program's equations into an environment of value ids."""
+
+    def __init__(
+        self,
+        program: FlatProgram,
+        on_value: Callable[[int, Any], Any] | None,
+        on_operand: Callable[[int, int, Any], Any] | None,
+        keep_loops: bool,
+    ) -> None:
+        self.program = program
+        self.on_value = on_value
+        self.on_operand = on_operand
+        # loops by (depth, first equation); a region with no equation has nothing to run
+        self.loops = {
+            (loop.depth, loop.start): loop
+            for loop in (program.loops if keep_loops else ())
+            if loop.stop > loop.start
+        }
+
+    def run(self, start: int, stop: int, env: dict[int, Any], depth: int) -> None:
+        index = start
+        while index < stop:
+            loop = self.loops.get((depth, index))
+            if loop is not None:
+                self.run_loop(loop, env)
+                index = loop.stop
+                continue
+            eqn = self.program.eqns[index]
+            operands = [env[v] for v in eqn.invars]
+            if self.on_operand is not None:
+                operands = [self.on_operand(index, p, x) for p, x in enumerate(operands)]
+            # Re-enter the original name stack so compiled HLO metadata keeps the user's
+            # scopes and the forward/backward marks (`transpose(jvp(...))`) profiling relies on.
+            with source_info_util.set_name_stack(_name_stacks(eqn.name_stack)):
+                results = eqn.primitive.bind(*operands, **eqn.params)
+            if not eqn.primitive.multiple_results:
+                results = (results,)
+            for vid, result in zip(eqn.outvars, results, strict=True):
+                env[vid] = self.value(vid, result)
+            index += 1
+
+    def value(self, vid: int, x: Any) -> Any:
+        return self.on_value(vid, x) if self.on_value is not None else x
+
+    def run_loop(self, loop: LoopRegion, env: dict[int, Any]) -> None:
+        """`jax.lax.scan` over the first iteration's equations; binds the loop's results."""
+        first = loop.iterations[0]
+        consts = [env[v] for v in loop.operands[: loop.num_consts]]
+        init = [env[v] for v in loop.operands[loop.num_consts : loop.num_consts + loop.num_carry]]
+        xs = [env[v] for v in loop.operands[loop.num_consts + loop.num_carry :]]
+        carry_ids = first.inputs[loop.num_consts : loop.num_consts + loop.num_carry]
+        carry_out = first.outputs[: loop.num_carry]
+        xs_ids = first.inputs[loop.num_consts + loop.num_carry :]
+
+        def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            local: dict[int, Any] = dict(self.program.constants)
+            local.update(zip(first.inputs[: loop.num_consts], consts, strict=True))
+            # the loop state takes the layout the body gives its carry out
+            for vid, out, value in zip(carry_ids, carry_out, carry, strict=True):
+                local[vid] = self.value(out, value)
+            for vid, value in zip(xs_ids, x, strict=True):
+                local[vid] = self.value(vid, value)
+            self.run(first.start, first.stop, local, loop.depth + 1)
+            outs = [local[v] for v in first.outputs]
+            return outs[: loop.num_carry], outs[loop.num_carry :]
+
+        with source_info_util.set_name_stack(_name_stacks(loop.name_stack)):
+            carry, ys = jax.lax.scan(
+                body, init, xs, length=loop.length, reverse=loop.reverse, unroll=1
+            )
+        for vid, result in zip(loop.results, [*carry, *ys], strict=True):
+            env[vid] = self.value(vid, result)
 
 
 def _name_stacks(name_stack: str) -> Any:

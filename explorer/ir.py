@@ -179,6 +179,13 @@ class Graph:
         producer = self.values[value_id].producer
         return None if producer is None else self.ops[producer]
 
+    @property
+    def loops(self) -> tuple[Any, ...]:
+        """The scans the tracer unrolled (`_jax_compat.LoopRegion`: operands, results, and
+        per iteration the op range and value ids of its body), outermost after the scans
+        their bodies hold; empty for a step without scan."""
+        return tuple(getattr(self.program, "loops", ()))
+
     def ops_with_role(self, role: Role) -> tuple[OpNode, ...]:
         return tuple(op for op in self.ops if op.role is role)
 

@@ -82,7 +82,8 @@ class Analysis:
 
     @property
     def frontier(self) -> Frontier:
-        """The time/memory Pareto frontier of composed plans (no pins, mixed configurations)."""
+        """The time/memory Pareto frontier of composed plans (no pins; mixed configurations,
+        uniform ones for a step with a scan: see `plan`)."""
         self._require_profiles()
         assert self.default_frontier is not None
         return self.default_frontier
@@ -91,24 +92,28 @@ class Analysis:
         self,
         memory_budget: float | None = None,
         pins: Mapping[Any, Any] | None = None,
-        uniform: bool = False,
+        uniform: bool | None = None,
     ) -> Plan:
         """The fastest plan whose predicted memory fits `memory_budget` bytes per device.
 
         `pins` force strategies: `{block_index: "N@x"}` for one block, or
         `{"layer": {0: "N@x"}}` for the first block of every instance of a segment type.
-        `uniform=True` gives every instance of a segment type the same configuration.
+        `uniform=True` gives every instance of a segment type the same configuration. It is
+        the default (`None`) for a step with a `scan` (`Graph.loops`): the applied step keeps
+        the scan, whose iterations share one configuration; `False` elsewhere.
         """
         frontier = self.frontier_for(pins, uniform)
         point = frontier.points[-1] if memory_budget is None else frontier.query(memory_budget)
         return self._plan("cfp", point.selection, memory_budget)
 
     def frontier_for(
-        self, pins: Mapping[Any, Any] | None = None, uniform: bool = False
+        self, pins: Mapping[Any, Any] | None = None, uniform: bool | None = None
     ) -> Frontier:
         """The time/memory frontier under `pins` and `uniform` (see `plan`); solved once, then
         every budget is a lookup on it."""
-        if not pins and not uniform:
+        has_loops = bool(self.graph.loops)
+        uniform = has_loops if uniform is None else uniform
+        if not pins and uniform == has_loops:
             return self.frontier
         return solve_frontier(self._model(), self._solver_pins(pins or {}), uniform)
 
@@ -430,7 +435,7 @@ def analyze(
         backend,
         table,
         model,
-        solve_frontier(model),
+        solve_frontier(model, uniform=bool(graph.loops)),  # see Analysis.plan
     )
 
 

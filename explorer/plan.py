@@ -30,6 +30,7 @@ from explorer.ir import (
     Config,
     DimAxes,
     Graph,
+    ParallelBlock,
     Segmentation,
     ShardingAssignment,
     TensorType,
@@ -329,8 +330,13 @@ def _validate(document: dict[str, Any], where: str) -> None:
 # -- applying a plan ----------------------------------------------------------------------------
 
 
-def _configure(plan: Plan, step: Callable[..., Any], args: Sequence[Any]) -> tuple[Graph, Any]:
-    """Trace `step`, check it is the plan's model and mesh, and build its sharding assignment."""
+def _configure(
+    plan: Plan, step: Callable[..., Any], args: Sequence[Any], *, keep_loops: bool = False
+) -> tuple[Graph, Any]:
+    """Trace `step`, check it is the plan's model and mesh, and build its sharding assignment.
+
+    With `keep_loops` (the step will run its scans as scans) every iteration of a scan must
+    take the same strategies (`_check_loops_uniform`)."""
     mesh = plan.mesh
     if jax.device_count() < mesh.size:
         raise PlanError(
@@ -364,6 +370,8 @@ def _configure(plan: Plan, step: Callable[..., Any], args: Sequence[Any]) -> tup
                 f"{block.index} ({block.scope}) on mesh {mesh}; expected one of {names}"
             )
         choices.append(names.index(name))
+    if keep_loops:
+        _check_loops_uniform(graph, analysis.blocks, wanted)
     # the plan's parameter layouts stand (they differ from the blocks' for FSDP)
     parameters = {
         path: tuple(tuple(axes) if axes else () for axes in spec)
@@ -375,6 +383,31 @@ def _configure(plan: Plan, step: Callable[..., Any], args: Sequence[Any]) -> tup
         graph, analysis.blocks, config, mesh, segmentation, parameter_layouts=parameters
     )
     return graph, placement.assignment
+
+
+def _check_loops_uniform(
+    graph: Graph, blocks: Sequence[ParallelBlock], strategies: Sequence[str]
+) -> None:
+    """Each block of a scan's later iterations takes the strategy of the same block of its
+    first iteration: the scan that runs has one body, laid out as the first iteration."""
+    by_head = {block.head: block for block in blocks}
+    for loop in graph.loops:
+        first = loop.iterations[0]
+        for position, iteration in enumerate(loop.iterations[1:], start=1):
+            for block in blocks:
+                if not iteration.start <= block.head < iteration.stop:
+                    continue
+                same = by_head.get(first.start + block.head - iteration.start)
+                if same is None or strategies[same.index] != strategies[block.index]:
+                    found = "no block" if same is None else repr(strategies[same.index])
+                    raise PlanError(
+                        f"field 'blocks.{block.index}.strategy': the plan gives block "
+                        f"{block.index} ({block.scope}), in iteration {position} of the scan at "
+                        f"{loop.source_line}, strategy {strategies[block.index]!r}; the same "
+                        f"block of iteration 0 has {found}. apply_plan keeps the scan, whose "
+                        "iterations share one configuration: plan with "
+                        "Analysis.plan(uniform=True) (the default for a step with a scan)."
+                    )
 
 
 def _layout_assignment(plan: Plan, graph: Graph) -> ShardingAssignment:
@@ -456,6 +489,11 @@ def apply_plan(plan: Plan, step: Callable[..., Any], *, donate: bool = True) -> 
     With `donate` (the default, as training loops run: `state = step(state, batch)`), the
     parameters and optimizer state passed in are donated to the updated ones returned: arrays
     already laid out as the plan wants are consumed by the call. `donate=False` keeps them.
+
+    A `scan` of the step stays a scan (a while loop in the compiled program, not unrolled):
+    its body runs under the layouts the plan gives the scan's first iteration, so a block
+    plan must give every iteration the same strategies (PlanError otherwise); a per-op plan
+    applies its first iteration's layouts to all.
     """
     realised: dict[Any, Any] = {}
 
@@ -465,14 +503,17 @@ def apply_plan(plan: Plan, step: Callable[..., Any], *, donate: bool = True) -> 
             tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args)),
         )
         if key not in realised:
-            graph, assignment = _configure(plan, step, args)
-            realised[key] = realize(graph, assignment, make_mesh(plan.mesh), donate=donate)
+            graph, assignment = _configure(plan, step, args, keep_loops=True)
+            realised[key] = realize(
+                graph, assignment, make_mesh(plan.mesh), donate=donate, keep_loops=True
+            )
         return realised[key](*args)
 
     def lower(*args: Any) -> Any:
         """Lower the sharded step for `args` (as `jax.jit(...).lower` does)."""
-        graph, assignment = _configure(plan, step, args)
-        return realize(graph, assignment, make_mesh(plan.mesh), donate=donate).lower(*args)
+        graph, assignment = _configure(plan, step, args, keep_loops=True)
+        mesh = make_mesh(plan.mesh)
+        return realize(graph, assignment, mesh, donate=donate, keep_loops=True).lower(*args)
 
     sharded_step.__name__ = f"sharded_{getattr(step, '__name__', 'step')}"
     sharded_step.lower = lower  # type: ignore[attr-defined]
@@ -513,6 +554,8 @@ def evaluate_on(
     from explorer.profile.backends import Backend, compile_program, measure, price_compiled
 
     graph, assignment = _configure(plan, step, args)
+    # unrolled (realize's default): XLA's cost analysis counts a while loop's body once,
+    # not once per trip, so only the unrolled step prices as the scan runs.
     # donated as a training loop donates: the step holds its parameters and optimizer state
     # once, which is what the composed memory predicts
     realised = realize(graph, assignment, make_mesh(plan.mesh), donate=True)

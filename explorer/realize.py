@@ -73,10 +73,20 @@ def donatable_inputs(graph: Graph) -> tuple[int, ...]:
 
 
 def realize(
-    graph: Graph, assignment: ShardingAssignment, mesh: Mesh, *, donate: bool = False
+    graph: Graph,
+    assignment: ShardingAssignment,
+    mesh: Mesh,
+    *,
+    donate: bool = False,
+    keep_loops: bool = False,
 ) -> RealizedStep:
     """The step under `assignment`, jitted; `donate=True` donates its parameters and
-    optimizer state (`donatable_inputs`)."""
+    optimizer state (`donatable_inputs`).
+
+    `keep_loops=True` runs each scan the tracer unrolled (`Graph.loops`) as a scan again,
+    every iteration under its first iteration's layouts: the step the user runs. The
+    default runs the unrolled program, the one whole-step pricing compiles (XLA's cost
+    analysis counts a while loop's body once, not once per trip)."""
     if graph.program is None:
         raise ArgumentMismatchError("this Graph carries no program to realise (was it traced?)")
     # graph op ids are the whole program's equation indices
@@ -86,7 +96,9 @@ def realize(
     program = graph.program
 
     def sharded_step(*flat: Any) -> Any:
-        results = jc.evaluate(program, flat, constrain_value, constrain_operand)
+        results = jc.evaluate(
+            program, flat, constrain_value, constrain_operand, keep_loops=keep_loops
+        )
         return jax.tree_util.tree_unflatten(graph.out_tree, results)
 
     flat_in = tuple(named_sharding(mesh, d) for d in assignment.inputs)
