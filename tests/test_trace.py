@@ -103,7 +103,6 @@ def test_abstract_args_trace_without_allocating() -> None:
 @pytest.mark.parametrize(
     ("primitive", "body"),
     [
-        ("scan", lambda x: jax.lax.scan(lambda c, a: (c + a, c), 0.0, x)[0]),
         ("while", lambda x: jax.lax.while_loop(lambda c: c.sum() < 10, lambda c: c * 2, x).sum()),
         ("cond", lambda x: jax.lax.cond(x.sum() > 0, jnp.sum, jnp.mean, x)),
     ],
