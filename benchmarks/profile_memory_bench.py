@@ -19,6 +19,7 @@ reads /proc). Takes several minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -36,6 +37,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import explorer as ex  # noqa: E402
 from explorer.profile import runner  # noqa: E402
 from explorer.profile.cache import ProfileCache  # noqa: E402
+from explorer.segments import build_segments  # noqa: E402
 
 
 def memory_maps() -> int:
@@ -67,6 +69,9 @@ def main() -> None:
 
     step, args = ex.models.moe(ex.models.MoEConfig.tiny(), abstract=True)
     analysis = ex.analyze(step, *args, mesh=(4,), profile=False)
+    # the old unsplit space: no configuration cap, so the MoE layer stays one segment type
+    unsplit = build_segments(analysis.graph, analysis.block_analysis, cap=sys.maxsize)
+    analysis = dataclasses.replace(analysis, segments=unsplit)
     counts = analysis.program_counts
     print(f"XLA_FLAGS={os.environ['XLA_FLAGS']}")
     print(
