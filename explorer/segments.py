@@ -195,13 +195,11 @@ def _structural_groups(
     parts: list[tuple[list[int], int]] = []  # (blocks, part number)
     cuts: dict[tuple[str, ...], tuple[int, ...]] = {}
     for start, end in spans:
-        unit = tuple(symbols[start:end])
-        if unit not in cuts:  # every repeat of a unit is cut where its first one is
-            cuts[unit] = _cap_cuts(graph, analysis, list(range(start, end)), cap)
-        edges = (start, *(start + c for c in cuts[unit]), end)
-        pieces = list(itertools.pairwise(edges))
-        for k, (a, b) in enumerate(pieces):
-            parts.append((list(range(a, b)), k + 1 if len(pieces) > 1 else 0))
+        pieces = _pieces(
+            graph, analysis, list(range(start, end)), symbols=symbols, cuts=cuts, cap=cap
+        )
+        for k, members in enumerate(pieces):
+            parts.append((members, k + 1 if len(pieces) > 1 else 0))
     part_of_block = {b: n for n, (members, _) in enumerate(parts) for b in members}
     owner = _owners(graph, analysis, [op.id for op in forward], part_of_block, len(parts))
     groups = [
@@ -385,22 +383,36 @@ def _cap_cuts(
     return (*left, k, *(k + c for c in right))
 
 
+def _pieces(
+    graph: Graph,
+    analysis: BlockAnalysis,
+    members: list[int],
+    *,
+    symbols: list[str],
+    cuts: dict[tuple[str, ...], tuple[int, ...]],
+    cap: int,
+) -> list[list[int]]:
+    """`members` cut under `cap`; every repeat of a unit (its blocks' fingerprints) is cut
+    where its first one was (`cuts` remembers)."""
+    unit = tuple(symbols[b] for b in members)
+    if unit not in cuts:
+        cuts[unit] = _cap_cuts(graph, analysis, members, cap)
+    edges = (0, *cuts[unit], len(members))
+    return [members[a:b] for a, b in itertools.pairwise(edges)]
+
+
 def _split_scope_groups(
     graph: Graph, analysis: BlockAnalysis, groups: list[_Group], cap: int
 ) -> list[_Group]:
     """Scope groups whose sub-space exceeds `cap`, split like structural spans."""
-    symbols = {b.index: _block_signature(graph, b) for b in analysis.blocks}
+    symbols = [_block_signature(graph, b) for b in analysis.blocks]
     cuts: dict[tuple[str, ...], tuple[int, ...]] = {}
     result: list[_Group] = []
     for group in groups:
-        unit = tuple(symbols[b] for b in group.blocks)
-        if unit not in cuts:
-            cuts[unit] = _cap_cuts(graph, analysis, group.blocks, cap)
-        if not cuts[unit]:
+        pieces = _pieces(graph, analysis, group.blocks, symbols=symbols, cuts=cuts, cap=cap)
+        if len(pieces) == 1:
             result.append(group)
             continue
-        edges = (0, *cuts[unit], len(group.blocks))
-        pieces = [group.blocks[a:b] for a, b in itertools.pairwise(edges)]
         part_of_block = {b: k for k, members in enumerate(pieces) for b in members}
         owner = _owners(graph, analysis, group.forward_ops, part_of_block, len(pieces), ends=False)
         split = [
