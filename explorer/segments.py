@@ -79,8 +79,9 @@ def _segmentation(
     for index, group in enumerate(groups):
         for op_id in group.forward_ops:
             segment_of_op[op_id] = index
-    _assign_backward(graph, groups, segment_of_op)
+    guessed = _assign_backward(graph, groups, segment_of_op)
     _assign_optimizer(graph, segment_of_op)
+    _join_gradient_tails(graph, guessed, segment_of_op)
     resolved = [0 if s is None else s for s in segment_of_op]
 
     prints = [_fingerprint(graph, analysis, group, resolved, i) for i, group in enumerate(groups)]
@@ -454,7 +455,13 @@ def _cover(symbols: list[str], lo: int, hi: int) -> list[tuple[int, int]]:
 # -- backward and optimizer ops -------------------------------------------------------------
 
 
-def _assign_backward(graph: Graph, groups: list[_Group], segment_of_op: list[int | None]) -> None:
+def _assign_backward(
+    graph: Graph, groups: list[_Group], segment_of_op: list[int | None]
+) -> set[int]:
+    """Place each backward op with its forward op, else with the one segment of its scope,
+    else (a guess) with the earliest segment whose backward made one of its operands.
+    Returns the guessed ops."""
+    guessed = set()
     by_label: dict[str, set[int]] = defaultdict(set)
     for index, group in enumerate(groups):
         for op_id in group.forward_ops:
@@ -478,8 +485,34 @@ def _assign_backward(graph: Graph, groups: list[_Group], segment_of_op: list[int
                 and segment_of_op[p] is not None
             ]
             segment = min((m for m in made if m is not None), default=current)
+            guessed.add(op.id)
         segment_of_op[op.id] = segment
         current = segment if segment is not None else current
+    return guessed
+
+
+def _join_gradient_tails(graph: Graph, guessed: set[int], segment_of_op: list[int | None]) -> None:
+    """A guessed backward op whose results only make a parameter's gradient (read by that
+    parameter's update, or by other such ops) joins the segment that updates the parameter.
+
+    The bias gradient of a norm (a sum of the cotangent its forward op received) has no
+    forward op to follow; left with the op that made the cotangent, the norm's segment would
+    update a parameter whose gradient another segment lays out, and so depend on that
+    segment's strategy.
+    """
+    tails: set[int] = set()
+    for op in reversed(graph.ops):
+        if op.id not in guessed:
+            continue
+        readers = {u for v in op.outputs for u in graph.users(v)}
+        owners = {segment_of_op[u] for u in readers}
+        if (
+            readers
+            and len(owners) == 1
+            and all(graph.ops[u].role is Role.OPTIMIZER or u in tails for u in readers)
+        ):
+            segment_of_op[op.id] = owners.pop()
+            tails.add(op.id)
 
 
 def _assign_optimizer(graph: Graph, segment_of_op: list[int | None]) -> None:
