@@ -157,13 +157,13 @@ def test_the_program_count_does_not_grow_with_the_scan_length(kind: str) -> None
     decide: a dependency on the same block of another iteration is one on its own strategy
     (`layouts.loop_twins`), so no segment is profiled once per strategy of the others."""
     counts = {}
+    per_layer = {"mlp": 2, "decoder": 6}[kind]  # blocks; the decoder adds its head
     for layers in (2, 3, 4):
         user, _ = _scanned(kind, layers)
         analysis = ex.analyze(user.step, *user.args, mesh=(4,), profile=False)
-        assert len(analysis.blocks) == layers * {"mlp": 2, "decoder": 6}[kind] + (kind == "decoder")
+        assert len(analysis.blocks) == layers * per_layer + (kind == "decoder")
         counts[layers] = analysis.program_counts
         twins = loop_twins(analysis.graph, analysis.blocks)
-        per_layer = {"mlp": 2, "decoder": 6}[kind]
         assert twins[: layers * per_layer] == tuple(range(per_layer)) * layers
     # the segment programs are the same at every length; from 3 layers on so is every
     # boundary (2 layers have no boundary between two instances of the middle layer's type)
