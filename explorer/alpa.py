@@ -43,7 +43,6 @@ import numpy as np
 from explorer import affine
 from explorer.errors import ExplorerError
 from explorer.ir import (
-    Config,
     DimAxes,
     Graph,
     OpNode,
@@ -52,7 +51,7 @@ from explorer.ir import (
     ValueKind,
     path_suffix,
 )
-from explorer.layouts import configuration_name, instance_dependencies
+from explorer.layouts import configuration_name, instance_dependencies, loop_twins, twin_config
 from explorer.mesh import MeshSpec, mesh_spec
 from explorer.space import segment_input_layouts, shardings
 
@@ -1182,6 +1181,7 @@ def symbolic_config_costs(analysis: Any) -> pd.DataFrame:
     for instance in segmentation.instances:
         first.setdefault(instance.unique_id, instance)
     dependencies = instance_dependencies(graph, analysis.block_analysis, segmentation, mesh)
+    twins = loop_twins(graph, blocks)
     for unique in segmentation.unique:
         instance = first[unique.id]
         inside = set(instance.ops)
@@ -1190,12 +1190,8 @@ def symbolic_config_costs(analysis: Any) -> pd.DataFrame:
             itertools.product(*(range(len(blocks[b].strategies)) for b in instance.blocks)),
             itertools.product(*(range(len(blocks[b].strategies)) for b in depends)),
         ):
-            full = [0] * len(blocks)
-            for block, choice in zip(
-                (*instance.blocks, *depends), (*choices, *context), strict=True
-            ):
-                full[block] = choice
-            assignment = shardings(graph, blocks, Config(tuple(full)), mesh)
+            config = twin_config(twins, (*instance.blocks, *depends), (*choices, *context))
+            assignment = shardings(graph, blocks, config, mesh)
             boundary = segment_input_layouts(
                 graph, blocks, segmentation, instance.index, tuple(choices)
             )

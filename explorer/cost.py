@@ -83,10 +83,19 @@ class CostModel:
     dependencies: tuple[tuple[int, ...], ...] = ()
     # per instance: its blocks, in order (to find a dependency's instance and position)
     instance_blocks: tuple[tuple[int, ...], ...] = ()
+    # per block: its twin (`layouts.loop_twins`: the same block of a scan's first iteration,
+    # whose strategy a uniform plan gives it); empty when every block is its own twin
+    twins: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.reshard) != max(0, len(self.options) - 1):
             raise ValueError("one resharding table per boundary between instances")
+        used = [b for blocks in self.instance_blocks for b in blocks]
+        if self.twins and used and max(used) >= len(self.twins):
+            raise ValueError(
+                f"expected one twin per block: instances hold block {max(used)}, twins cover "
+                f"{len(self.twins)} blocks"
+            )
         for label, options in zip(self.labels, self.options, strict=True):
             if not options:
                 raise AnalysisError(f"segment instance {label!r} has no feasible configuration")
@@ -110,6 +119,10 @@ class CostModel:
                 counts[key] += count
                 latency[key] = seconds
         return sum(latency[k] * math.ceil(c / COMBINE_COUNT) for k, c in counts.items())
+
+    def twin(self, block: int) -> int:
+        """The block whose strategy `block` takes in a uniform plan (itself outside scans)."""
+        return self.twins[block] if self.twins else block
 
     def block_choice(self, selection: Sequence[int], block: int) -> int:
         """The strategy `selection` gives `block`."""
@@ -145,11 +158,13 @@ def build_cost_model(
     segmentation: Segmentation,
     profiles: pd.DataFrame,
     dependencies: tuple[tuple[int, ...], ...] = (),
+    twins: tuple[int, ...] = (),
 ) -> CostModel:
     """Options per instance from its unique type's profiles; T_R from the boundary profiles.
 
     `dependencies` (per instance, see `layouts.external_blocks`) tells which blocks the
-    profiles' `context` column refers to."""
+    profiles' `context` column refers to; `twins` (per block, see `layouts.loop_twins`)
+    which blocks a uniform plan gives one strategy."""
     ok = profiles[profiles["status"] == "ok"]
     by_type: dict[int, tuple[Option, ...]] = {}
     for unique in segmentation.unique:
@@ -189,6 +204,7 @@ def build_cost_model(
         reshard=tuple(reshard),
         dependencies=dependencies or tuple(() for _ in instances),
         instance_blocks=tuple(i.blocks for i in instances),
+        twins=twins,
     )
 
 

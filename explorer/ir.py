@@ -186,6 +186,18 @@ class Graph:
         their bodies hold; empty for a step without scan."""
         return tuple(getattr(self.program, "loops", ()))
 
+    def loop_twin(self, op_id: int) -> int:
+        """The same op of the first iteration (in execution order) of every scan whose body
+        holds `op_id`, outermost scan first; `op_id` itself outside every scan's body. The
+        applied step runs each scan's body under its first iteration's layouts."""
+        for loop in sorted(self.loops, key=lambda loop: loop.depth):
+            first = loop.iterations[0]
+            for iteration in loop.iterations[1:]:
+                if iteration.start <= op_id < iteration.stop:
+                    op_id = first.start + op_id - iteration.start
+                    break
+        return op_id
+
     def ops_with_role(self, role: Role) -> tuple[OpNode, ...]:
         return tuple(op for op in self.ops if op.role is role)
 

@@ -420,10 +420,10 @@ def analyze(
             progress=progress,
             only=only,
         )
-    from explorer.layouts import instance_dependencies
+    from explorer.layouts import instance_dependencies, loop_twins
 
     dependencies = instance_dependencies(graph, blocks, segments, spec)
-    model = build_cost_model(segments, table, dependencies)
+    model = build_cost_model(segments, table, dependencies, loop_twins(graph, blocks.blocks))
     return Analysis(
         graph,
         blocks,

@@ -70,7 +70,8 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     """Every Pareto-optimal plan of `model`.
 
     `pins[n][k] = s` forces block `k` of instance `n` onto strategy `s`. With `uniform`, all
-    instances that share options (one segment type) take the same configuration.
+    instances that share options (one segment type) take the same configuration, and every
+    block the strategy of its twin (`CostModel.twins`: a scan's iterations run one body).
     """
     allowed = _allowed(model, pins or {})
     candidates: list[tuple[float, int, Selection]] = []
@@ -88,7 +89,9 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     if dead_end is not None and not candidates:
         raise dead_end
     if uniform and not candidates:
-        raise AnalysisError("the pins leave some segment type no common configuration")
+        raise AnalysisError(
+            "the pins leave some segment type, or the iterations of a scan, no common configuration"
+        )
     return _frontier(candidates, model)
 
 
@@ -353,7 +356,10 @@ def _frontier(candidates: Sequence[tuple[float, int, Selection]], model: CostMod
 
 
 def _uniform(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int, Selection]]:
-    """One configuration per group of instances sharing their options (a segment type)."""
+    """One configuration per group of instances sharing their options (a segment type), and
+    one strategy per block and its twins (`CostModel.twins`: the same block in every
+    iteration of a scan, whose applied step runs one body, may lie in instances of different
+    types). Groups are chosen depth first, so the twins one group fixes narrow the next."""
     groups: dict[int, list[int]] = {}
     for n, options in enumerate(model.options):
         groups.setdefault(id(options), []).append(n)
@@ -364,14 +370,29 @@ def _uniform(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, in
     if any(not c for c in choices_per_group):
         return []
     candidates: list[tuple[float, int, Selection]] = []
-    for combo in itertools.product(*choices_per_group):
-        selection = [0] * len(model.options)
-        for group, choice in zip(members, combo, strict=True):
-            for n in group:
+    selection = [0] * len(model.options)
+
+    def extend(g: int, taken: dict[int, int]) -> None:
+        if g == len(members):
+            time = model.time(selection)
+            if np.isfinite(time):
+                candidates.append((time, model.memory(selection), tuple(selection)))
+            return
+        for choice in choices_per_group[g]:
+            fixed = dict(taken)
+            if model.twins and not all(
+                fixed.setdefault(model.twin(block), strategy) == strategy
+                for n in members[g]
+                for block, strategy in zip(
+                    model.instance_blocks[n], model.options[n][choice].choices, strict=True
+                )
+            ):
+                continue  # a twin of one of these blocks already took another strategy
+            for n in members[g]:
                 selection[n] = choice
-        time = model.time(selection)
-        if np.isfinite(time):
-            candidates.append((time, model.memory(selection), tuple(selection)))
+            extend(g + 1, fixed)
+
+    extend(0, {})
     return candidates
 
 

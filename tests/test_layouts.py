@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from explorer.ir import Config
-from explorer.layouts import external_blocks, instance_dependencies, place
+from explorer.layouts import external_blocks, instance_dependencies, loop_twins, place
 from explorer.mesh import mesh_spec
 from explorer.profile.hlo import CollectiveKind, parse_collectives
 from explorer.segments import build_segments
@@ -88,7 +88,9 @@ def test_tied_embedding_makes_the_embedding_depend_on_the_head() -> None:
     assert depends[0] == head  # the embedding reads wte, laid out by the LM head's block
     assert all(d == () for d in depends[1:])
     zero = place(graph, analysis.blocks, Config((0,) * len(analysis.blocks)), mesh, segmentation)
-    assert external_blocks(zero, graph, segmentation, 1) == ()
+    twins = loop_twins(graph, analysis.blocks)
+    assert twins == tuple(range(len(analysis.blocks)))  # no scan: every block its own twin
+    assert external_blocks(zero, graph, segmentation, 1, twins) == ()
 
 
 def test_combinable_all_reduces_are_marked_per_element() -> None:

@@ -11,14 +11,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_trees_close
+from helpers import SHARED_CACHE, assert_trees_close
 from scan_models import ScanStep, scanned_decoder, scanned_mlp
 
 import explorer as ex
 from explorer import _jax_compat as jc
 from explorer.baselines import baseline_choices
 from explorer.errors import UnsupportedPrimitiveError
-from explorer.ir import Config, Graph, Role
+from explorer.ir import Config, Graph, Role, ValueKind
+from explorer.layouts import loop_twins, place, twin_config
 from explorer.plan import PlanError, make_plan
 
 RTOL = ATOL = 1e-5  # as in test_plan: compared on the second AdamW step
@@ -152,20 +153,51 @@ def test_a_carry_initialised_with_a_const_keeps_its_own_value() -> None:
 
 @pytest.mark.parametrize("kind", ["mlp", "decoder"])
 def test_the_program_count_does_not_grow_with_the_scan_length(kind: str) -> None:
+    """Every iteration reads the stacked parameters, whose one layout all iterations' blocks
+    decide: a dependency on the same block of another iteration is one on its own strategy
+    (`layouts.loop_twins`), so no segment is profiled once per strategy of the others."""
     counts = {}
-    for layers in (2, 4):
+    per_layer = {"mlp": 2, "decoder": 6}[kind]  # blocks; the decoder adds its head
+    for layers in (2, 3, 4):
         user, _ = _scanned(kind, layers)
         analysis = ex.analyze(user.step, *user.args, mesh=(4,), profile=False)
-        assert len(analysis.blocks) == layers * {"mlp": 2, "decoder": 6}[kind] + (kind == "decoder")
-        counts[layers] = analysis.program_count
-    if counts[2] != counts[4]:
-        pytest.xfail(
-            f"the iterations are found as repeats, but every iteration reads the stacked "
-            f"parameters, whose one layout all iterations' blocks decide, so each segment "
-            f"depends on every other's strategy ({counts}): placement must let the first "
-            "iteration decide a stacked parameter (known gap)"
-        )
-    assert counts[2] == counts[4]
+        assert len(analysis.blocks) == layers * per_layer + (kind == "decoder")
+        counts[layers] = analysis.program_counts
+        twins = loop_twins(analysis.graph, analysis.blocks)
+        assert twins[: layers * per_layer] == tuple(range(per_layer)) * layers
+    # the segment programs are the same at every length; from 3 layers on so is every
+    # boundary (2 layers have no boundary between two instances of the middle layer's type)
+    assert counts[2].segment_programs == counts[3].segment_programs == counts[4].segment_programs
+    assert counts[3].total == counts[4].total
+    assert counts[4].total < {"mlp": 40, "decoder": 600}[kind]  # was 756 and 236,370
+
+
+def test_a_later_iteration_is_profiled_with_the_stacked_parameters_a_uniform_plan_places() -> None:
+    """The stacked parameters take their layout from the first iteration's blocks; a segment
+    type whose first instance is a later iteration is profiled with those twins on its own
+    strategies (`twin_config`), as the uniform plan that picks it places them."""
+    user, graph = _scanned("mlp", 2)
+    analysis = ex.analyze(user.step, *user.args, mesh=(4,), profile=False)
+    blocks, segments = analysis.blocks, analysis.segments
+    twins = loop_twins(graph, blocks)
+    later = segments.instances[-1]  # iteration 1 and the loss: the first of its type
+    assert [i.unique_id for i in segments.instances].index(later.unique_id) == later.index
+    assert all(twins[b] != b for b in later.blocks)
+    choices = tuple(len(blocks[b].strategies) - 1 for b in later.blocks)  # not strategy 0
+    config = twin_config(twins, later.blocks, choices)
+    uniform = dict(zip((twins[b] for b in later.blocks), choices, strict=True))
+    assert config == Config(tuple(uniform[t] for t in twins))
+    alone = [0] * len(blocks)
+    for block, choice in zip(later.blocks, choices, strict=True):
+        alone[block] = choice
+
+    def stacked(config: Config) -> list[Any]:
+        inputs = place(graph, blocks, config, analysis.mesh, segments).assignment.inputs
+        return [dims for vid, dims in zip(graph.inputs, inputs, strict=True)
+                if graph.values[vid].kind is ValueKind.PARAMETER]  # fmt: skip
+
+    assert any(any(dims) for dims in stacked(config))  # split as the later blocks say
+    assert stacked(config) != stacked(Config(tuple(alone)))  # iteration 0's blocks decide
 
 
 # -- applying a plan ------------------------------------------------------------------------
@@ -204,6 +236,27 @@ def test_an_applied_plan_keeps_the_scan_and_matches_the_unsharded_step(
     assert_trees_close(expected, sharded(*warm), RTOL, ATOL)
     hlo = sharded.lower(*warm).compile().as_text()
     assert " while(" in hlo  # the scan stays a loop: not unrolled
+
+
+def test_a_profiled_plan_keeps_the_scan_computes_the_step_and_predicts_it() -> None:
+    """Profile the scanned MLP, apply the plan chosen, and check it against the unsharded
+    step (numbers), the compiled program (the loop stays) and the whole step (time)."""
+    user, warm, expected = _warm("mlp")
+    analysis = ex.analyze(
+        user.step, *warm, mesh=(4,), platform="a100-pcie-8", cache=SHARED_CACHE, progress=False
+    )
+    assert len(analysis.profiles) == analysis.program_count
+    plan = analysis.plan()
+    twins = loop_twins(analysis.graph, analysis.blocks)
+    assert all(plan.strategies[b] == plan.strategies[t] for b, t in enumerate(twins))
+    sharded = ex.apply_plan(plan, user.step, donate=False)
+    assert " while(" in sharded.lower(*warm).compile().as_text()
+    assert_trees_close(expected, sharded(*warm), RTOL, ATOL)
+    truth = ex.evaluate(plan, user.step, *warm)
+    error = (plan.time - truth.time) / truth.time
+    print(f"scanned MLP {plan.strategies}: predicted {plan.time:.3e} s, whole step "
+          f"{truth.time:.3e} s ({error:+.2%}); memory {plan.memory} vs {truth.memory}")  # fmt: skip
+    assert abs(error) < 0.05
 
 
 def test_a_plan_giving_two_iterations_different_strategies_is_refused() -> None:

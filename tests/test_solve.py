@@ -135,6 +135,26 @@ def test_uniform_mode_gives_one_configuration_per_shared_type(
         assert free.query(budget).time <= frontier.query(budget).time + 1e-9
 
 
+def test_uniform_mode_gives_twins_in_instances_of_different_types_one_strategy() -> None:
+    """The first and last iterations of a scan are instances of two types (one carries the
+    input ops, the other the loss); their blocks are twins, so a uniform plan gives both
+    the same strategies although each type alone would pick its own fastest."""
+    option = lambda c, t: Option(c, str(c), t, 0.0, 1, 0, 1)  # noqa: E731
+    first = (option((0, 1), 1.0), option((1, 1), 4.0), option((1, 0), 2.0))
+    last = (option((0, 1), 5.0), option((1, 1), 1.0), option((1, 0), 2.5))
+    free = {(a, b): 0.0 for a in (0, 1) for b in (0, 1)}
+    model = CostModel(
+        ("layer_0", "layer_1"), (first, last), (free,), instance_blocks=((0, 1), (2, 3))
+    )
+    assert solve_frontier(model, uniform=True).points[-1].selection == (0, 1)  # 1 + 1
+    twinned = replace(model, twins=(0, 1, 0, 1))
+    points = solve_frontier(twinned, uniform=True).points
+    assert [p.selection for p in points] == [(2, 2)]  # 2 + 2.5: the fastest common choice
+    assert solve_frontier(twinned).points[-1].selection == (0, 1)  # mixed: twins free
+    with pytest.raises(ValueError, match="one twin per block"):
+        replace(model, twins=(0, 1))
+
+
 def test_pins_force_a_block_strategy_and_memory_never_exceeds_the_budget() -> None:
     option = lambda c, t, p: Option(c, str(c), t, 0.0, p, 0, p)  # noqa: E731
     model = CostModel(

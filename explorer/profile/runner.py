@@ -32,12 +32,14 @@ import jax
 import pandas as pd
 
 from explorer.errors import ExplorerError, ProfilingBudgetError
-from explorer.ir import BlockAnalysis, Config, Graph, Segmentation, SegmentInstance
+from explorer.ir import BlockAnalysis, Graph, Segmentation, SegmentInstance
 from explorer.layouts import (
     CONTEXT_SEPARATOR,
     configuration_name,
     instance_dependencies,
+    loop_twins,
     place,
+    twin_config,
 )
 from explorer.mesh import MeshSpec, make_mesh
 from explorer.profile.accounting import input_owners, memory_accounting, settled_values
@@ -71,7 +73,7 @@ RELEASE_EVERY = 100
 
 # Bump when the way programs are built changes (what is constrained, where): profiles of
 # programs built the old way are then not reused.
-PROGRAM_VERSION = "placement-7"
+PROGRAM_VERSION = "placement-8"
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +217,7 @@ class _Context:
         self.dependencies = instance_dependencies(
             self.graph, self.analysis, self.segmentation, self.mesh
         )
+        self.twins = loop_twins(self.graph, self.analysis.blocks)
         self.owner = input_owners(self.graph, self.segmentation)
         self.settled = settled_values(self.graph)
 
@@ -271,13 +274,15 @@ class _Context:
     ) -> Callable[[], _Built]:
         def build() -> _Built:
             instance = self.segmentation.instances[index]
-            full = [0] * len(self.analysis.blocks)
-            for block, choice in zip(instance.blocks, choices, strict=True):
-                full[block] = choice
-            for block, choice in zip(self.dependencies[index], context, strict=True):
-                full[block] = choice
+            # the twins of these blocks (the same blocks of a scan's other iterations) take
+            # their strategies: the stacked parameters are placed as a uniform plan places them
+            config = twin_config(
+                self.twins,
+                (*instance.blocks, *self.dependencies[index]),
+                (*choices, *context),
+            )
             assignment = place(
-                self.graph, self.analysis.blocks, Config(tuple(full)), self.mesh, self.segmentation
+                self.graph, self.analysis.blocks, config, self.mesh, self.segmentation
             ).assignment
             layouts = segment_input_layouts(
                 self.graph, self.analysis.blocks, self.segmentation, index, choices
