@@ -84,14 +84,19 @@ class Settings:
     slider_steps: int
 
 
+QUICK_MODELS = ("gpt", "moe", "flax_decoder")
+
+
 def quick_settings() -> Settings:
     return Settings(
         quick=True,
-        accuracy=(Case("gpt", "tiny", (4,)),),
+        # the zoo's GPT, its MoE (split under the configuration cap) and a decoder written
+        # with Flax linen modules (repeats found from structure, not scope names)
+        accuracy=tuple(Case(m, "tiny", (4,)) for m in QUICK_MODELS),
         plans_per_case=20,
         measured=(),
         measured_plans=0,
-        quality=(Case("gpt", "tiny", (4,)),),
+        quality=tuple(Case(m, "tiny", (4,)) for m in QUICK_MODELS),
         platforms=("a100-pcie-8", "v100-nvlink-4", "a100-ib-2x8"),
         overhead_layers=(2, 8, 24),
         cold_every_depth=False,

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from explorer.models._common import ARG_ROLES, BaseConfig, ModelOutput
 from explorer.models.bert import BertConfig, bert
+from explorer.models.flax_decoder import FlaxDecoderConfig, flax_decoder
 from explorer.models.gpt import GPTConfig, gpt
 from explorer.models.llama import LlamaConfig, llama
 from explorer.models.moe import MoEConfig, moe
@@ -18,6 +19,8 @@ MODELS: dict[str, tuple[Callable[..., ModelOutput], type[BaseConfig]]] = {
     "llama": (llama, LlamaConfig),
     "moe": (moe, MoEConfig),
     "bert": (bert, BertConfig),
+    # written with Flax linen modules (needs the `bench` or `test` extra)
+    "flax_decoder": (flax_decoder, FlaxDecoderConfig),
 }
 
 __all__ = [
@@ -25,11 +28,13 @@ __all__ = [
     "MODELS",
     "BaseConfig",
     "BertConfig",
+    "FlaxDecoderConfig",
     "GPTConfig",
     "LlamaConfig",
     "MoEConfig",
     "ModelOutput",
     "bert",
+    "flax_decoder",
     "gpt",
     "llama",
     "moe",
