@@ -21,7 +21,8 @@ from flax import nnx
 from flax.training import train_state
 
 LAYERS, WIDTH, HEADS, VOCAB, SEQ, BATCH = 2, 64, 4, 128, 16, 8
-OPT = optax.adamw(1e-3)
+LEARNING_RATE = 1e-3
+OPT = optax.adamw(LEARNING_RATE)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class UserStep:
     args: tuple[Any, ...]
     param_leaves: int  # leaves of the model's parameters
     data_path: str  # path of the batch as the explorer prints it
+    # the arguments of the next training step, from this step's results and arguments
+    carry: Callable[[Any, tuple[Any, ...]], tuple[Any, ...]] = lambda out, args: (
+        out[1],
+        out[2],
+        args[-1],
+    )
 
 
 def _tokens() -> jax.Array:
@@ -143,7 +150,13 @@ def flax_train_state(layers: int = LAYERS) -> UserStep:
         value, grads = jax.value_and_grad(loss)(state.params)
         return state.apply_gradients(grads=grads), value
 
-    return UserStep(step, (state, tokens), len(jax.tree.leaves(params)), "batch")
+    return UserStep(
+        step,
+        (state, tokens),
+        len(jax.tree.leaves(params)),
+        "batch",
+        carry=lambda out, args: (out[0], args[-1]),
+    )
 
 
 # -- Flax NNX ---------------------------------------------------------------------------------
