@@ -506,12 +506,18 @@ def _join_gradient_tails(graph: Graph, guessed: set[int], segment_of_op: list[in
             continue
         readers = {u for v in op.outputs for u in graph.users(v)}
         owners = {segment_of_op[u] for u in readers}
-        if (
+        if not (
             readers
             and len(owners) == 1
             and all(graph.ops[u].role is Role.OPTIMIZER or u in tails for u in readers)
         ):
-            segment_of_op[op.id] = owners.pop()
+            continue
+        owner = owners.pop()
+        made = {segment_of_op[p] for v in op.inputs if (p := graph.values[v].producer) is not None}
+        # joining must not make the owner read past its own backward boundary (a stacked
+        # parameter's gradient gathers pieces from every iteration of a scan)
+        if owner is not None and made <= {owner, owner + 1}:
+            segment_of_op[op.id] = owner
             tails.add(op.id)
 
 
