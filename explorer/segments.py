@@ -672,13 +672,8 @@ def _boundaries(graph: Graph, segment_of_op: list[int], count: int) -> tuple[Bou
             source = segment_of_op[producer]
             kind = graph.ops[producer].role
             # an activation the next instance reads, in its forward pass or saved for its
-            # backward pass, or recomputed for it under remat (made by a backward op, going
-            # forward); a cotangent the previous instance reads
-            if (
-                source == reader - 1
-                and kind is not Role.OPTIMIZER
-                and op.role is not Role.OPTIMIZER
-            ):
+            # backward pass; a cotangent the previous instance reads
+            if source == reader - 1 and kind is Role.FORWARD and op.role is not Role.OPTIMIZER:
                 forward[source].add(vid)
             if source == reader + 1 and kind is Role.BACKWARD and op.role is Role.BACKWARD:
                 backward[reader].add(vid)
