@@ -18,10 +18,10 @@ Memory: Eq. 9 sums each segment program's peak, which counts a parameter read by
 twice, and every parameter and optimizer state twice (as argument and as updated result,
 where the training step donates them). The prediction is
 `sum_n persistent[n][i_n] + max_n transient[n][i_n]`: each step input counted once, in the
-segment that owns it, with the activations saved for backward, the gradients held for the
-optimizer and (as the whole step's buffer assignment does, measured: see
-`profile.backends.price_compiled`) the segment's other temporaries; a transient term stays
-for programs that do free theirs. Eq. 9 stays available for comparison.
+segment that owns it, with what the compiler keeps of each segment for the step (the
+activations its backward part reads, the donated inputs it must copy, the gradients held for
+an optimizer elsewhere: `profile.accounting`), plus the largest working set of one segment.
+Eq. 9 stays available for comparison.
 """
 
 from __future__ import annotations

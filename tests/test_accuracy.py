@@ -23,13 +23,14 @@ PLANS = 20
 # acceptance bounds of the fidelity issue: median and worst absolute time error, median
 # absolute memory error, and the rank correlation the benchmark aims at
 TIME_MEDIAN, TIME_WORST, MEMORY_MEDIAN, RANK = 0.03, 0.10, 0.05, 0.95
-# Measured when these bounds were set (time median / worst, memory median): GPT 4 1.3 % /
-# 4.8 %, 5.2 %; GPT 2x2 2.3 % / 3.8 %, 5.2 %; LLaMA 4 0.1 % / 2.9 %, 16.7 %; BERT 4 1.7 % /
-# 6.2 %, 3.4 %. Memory misses the 5 % target on GPT (narrowly: data-parallel plans are
-# predicted 3-11 % low, the others up to 8 % high) and on LLaMA (7-24 % high on every plan:
-# the composition counts the activations its jaxpr saves for backward (SwiGLU, RMSNorm), and
-# the compiler keeps fewer of them). These bounds record where each stands.
-MEMORY_MEDIAN_MISSED = {"gpt": 0.055, "llama": 0.18}
+# Measured (time median / worst, memory median / worst, rank correlation): GPT 4 0.7 % /
+# 3.5 %, 1.8 % / 5.5 %, 0.997; GPT 2x2 2.3 % / 4.8 %, 1.4 % / 2.0 %, 0.998; LLaMA 4 0.1 % /
+# 2.9 %, 3.2 % / 6.4 %, 0.995; BERT 4 0.2 % / 3.1 %, 1.6 % / 3.1 %, 0.995. The worst memory
+# errors: frontier plans up to 6 % low, where the step fuses a layer's residual sum into the
+# next layer's fusions and keeps its two addends, gathered, instead of the sharded sum each
+# segment program keeps; a plan 6 % high whose largest transient is an early layer's, which
+# the composition adds to every layer's saved activations (in the step the later ones are
+# freed by then).
 
 
 @cache
@@ -58,9 +59,7 @@ def test_composed_prediction_matches_the_whole_step(name: str, mesh: tuple[int, 
     assert len(report.checks) == PLANS
     assert report.median_time_error <= TIME_MEDIAN, report.summary()
     assert report.worst_time_error <= TIME_WORST, report.summary()
-    assert report.median_memory_error <= MEMORY_MEDIAN_MISSED.get(name, MEMORY_MEDIAN), (
-        report.summary()
-    )
+    assert report.median_memory_error <= MEMORY_MEDIAN, report.summary()
     assert report.rank_correlation >= RANK, report.summary()
 
 

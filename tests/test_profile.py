@@ -30,6 +30,7 @@ from explorer.ir import BlockAnalysis, Graph, Segmentation
 from explorer.mesh import mesh_spec
 from explorer.platforms import load_platform
 from explorer.profile import runner
+from explorer.profile.accounting import MemoryAccounting
 from explorer.profile.cache import ProfileCache
 from explorer.profile.hlo import CollectiveKind, parse_collectives
 from explorer.profile.runner import profile_all
@@ -113,6 +114,40 @@ def test_replica_groups_on_a_two_by_four_mesh_map_to_their_axes() -> None:
     gathers = {(c.axes, c.group_size) for c in found if c.kind is CollectiveKind.ALL_GATHER}
     assert (("x",), 2) in gathers  # un-splitting rows gathers over x
     assert (("y",), 4) in gathers  # un-splitting columns gathers over y
+
+
+def _segment(*flat: jax.Array) -> Any:
+    """A segment's program in miniature: its forward part, and a backward part that waits for
+    the cotangent `ct` the next segment sends back; the weight `w` is updated."""
+    w, v, x, ct = flat
+    h = jnp.tanh(x @ w)
+    dh = (ct @ v.T) * (1 - h * h)
+    return h @ v, dh @ w.T, w - 0.1 * (x.T @ dh)
+
+
+def test_a_program_holds_what_its_backward_part_reads_and_the_weight_it_updates_late() -> None:
+    args = (jnp.ones((32, 128)), jnp.ones((128, 16)), jnp.ones((64, 32)), jnp.ones((64, 16)))
+    hlo = jax.jit(_segment).lower(*args).compile().as_text()
+    saved, _ = MemoryAccounting(0, backward_inputs=frozenset({3})).held(hlo)
+    assert saved == 64 * 128 * 4  # tanh(x @ w), made forward, read backward
+    kept, _ = MemoryAccounting(0, frozenset({3}), forward_inputs=frozenset({2})).held(hlo)
+    assert kept - saved == 64 * 32 * 4  # the input x, read backward for w's gradient
+    # dh @ w.T reads w and the update does not wait for it: the step copies w
+    copied, _ = MemoryAccounting(0, frozenset({3}), donated=((0, 2),)).held(hlo)
+    assert copied - saved == 32 * 128 * 4
+
+
+def test_an_update_after_a_combined_gradient_all_reduce_copies_nothing() -> None:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    batch, replicated = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+    args = (jnp.ones((32, 128)), jnp.ones((128, 16)), jnp.ones((64, 32)), jnp.ones((64, 16)))
+    shardings = (replicated, replicated, batch, batch)
+    hlo = jax.jit(_segment, in_shardings=shardings).lower(*args).compile().as_text()
+    reduces = parse_collectives(hlo, mesh_spec((4,)), terminal_outputs=frozenset({2}))
+    combined = frozenset(c.name for c in reduces if any(c.combinable))
+    assert combined, "w's gradient is all-reduced over the batch, and reaches only w's update"
+    accounting = MemoryAccounting(0, frozenset({3}), donated=((0, 2),))
+    assert accounting.held(hlo, combined)[0] < accounting.held(hlo)[0]
 
 
 # -- compiled backend -------------------------------------------------------------------------

@@ -1,22 +1,121 @@
 """What a segment program holds for the whole step, and which of its results nothing waits on.
 
-Composition needs two facts about a segment instance that its compiled program alone does not
-give: which memory the step keeps beyond the instance (the step inputs it owns, each input
-owned by exactly one instance; the activations saved for a backward pass; the gradients kept
-for the optimizer), and which of its results reach only the step's results (so a collective
-making them can be combined with other segments' by the compiler). Both are read from the
-traced graph and the placement, per device.
+Composition needs two facts about a segment instance that its program's totals do not give:
+which memory the step holds for it beyond the instance, and which of its results reach only
+the step's results (so a collective making them can be combined with other segments' by
+the compiler).
+
+Memory, checked against the whole step's buffer assignment (tiny GPT, LLaMA, BERT, 20 plans
+each, `tests/test_accuracy.py`). The step holds, for each instance:
+
+- the step inputs it owns (each input is owned by exactly one instance, so a tied parameter
+  and its optimizer state count once) and the gradients it makes for another instance's
+  optimizer: read from the traced graph and the placement;
+- the temporaries its forward part makes and its backward part reads, and the forward values
+  it receives and keeps for its backward part: read from the compiled program's schedule
+  (`buffers`), not from the jaxpr. The compiler keeps fewer values than the jaxpr saves (it
+  recomputes an elementwise value, SwiGLU's product, RMSNorm's normalised input, inside the
+  backward fusions from the values it does keep) and keeps some in another layout (the
+  gathered copy a sharded dot reads);
+- a copy of each donated step input that the compiler cannot update in place.
+
+The rest of the program's temporaries are transient: alive only while the instance runs.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from explorer.ir import Graph, Role, Segmentation
+from explorer.ir import Graph, Role, Segmentation, path_suffix
 from explorer.mesh import MeshSpec
-from explorer.profile.backends import MemoryAccounting
-from explorer.realize import StandaloneProgram
+from explorer.profile.buffers import Schedule
+from explorer.realize import StandaloneProgram, donatable_inputs
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryAccounting:
+    """What a segment program holds for the whole step, computed from its placement; the
+    rest is read from its compiled schedule (`held`).
+
+    `persistent`: the step inputs the instance owns and the gradients it makes for another
+    instance's optimizer, per device. The program's arguments (positions) that another
+    instance's backward pass makes (`backward_inputs`: cotangents, gradients) tell its
+    backward part from its forward part; those another instance's forward pass makes
+    (`forward_inputs`) may be kept for the backward part. `donated`: (argument, result)
+    pairs of a donated step input and its update, which the step holds in one buffer.
+    """
+
+    persistent: int
+    backward_inputs: frozenset[int] = frozenset()
+    forward_inputs: frozenset[int] = frozenset()
+    donated: tuple[tuple[int, int], ...] = ()
+
+    def held(self, hlo: str, combined: frozenset[str] = frozenset()) -> tuple[int, int]:
+        """(persistent, transient) bytes per device of the compiled program `hlo`.
+
+        `combined`: the all-reduces the compiler combines across segments in the whole step
+        (`hlo.Collective.combinable`)."""
+        schedule = Schedule.parse(hlo)
+        parameters = {
+            i.argument: at
+            for at, i in enumerate(schedule.instructions)
+            if i.opcode == "parameter" and i.argument is not None
+        }
+        # the backward part: what waits for a cotangent (or a gradient) of another instance;
+        # backward ops that need only forward values may run in the forward part. The last
+        # instance, where the step turns, waits for none: it keeps nothing across.
+        backward = schedule.downstream(
+            parameters[a] for a in self.backward_inputs if a in parameters
+        )
+        temporaries = schedule.temporaries()
+        # results are counted where they are received (`kept`): the step has no reader of
+        # them in this backward part (only `realize.segment_program`'s ordering ties do)
+        saved = sum(
+            schedule.buffers[b].nbytes
+            for b in temporaries
+            if schedule.buffers[b].defined not in backward and schedule.readers[b] & backward
+        )
+        kept = sum(
+            buffer.nbytes
+            for b, buffer in enumerate(schedule.buffers)
+            if schedule.instructions[buffer.defined].argument in self.forward_inputs
+            and schedule.instructions[buffer.defined].opcode == "parameter"
+            and schedule.readers[b] & backward
+        )
+        copies = _copied(schedule, parameters, self.donated, combined)
+        # the saved temporaries are counted as held: the rest of the peak is the working set
+        transient = max(schedule.peak(temporaries) - saved, 0)
+        return self.persistent + saved + kept + copies, transient
+
+
+def _copied(
+    schedule: Schedule,
+    parameters: dict[int, int],
+    donated: tuple[tuple[int, int], ...],
+    combined: frozenset[str],
+) -> int:
+    """Bytes of the donated step inputs the whole step holds twice.
+
+    XLA writes an update into its donated input's buffer only when every reader of the old
+    value is ordered before the update; otherwise it copies the old value first (a weight
+    the backward pass reads for a cotangent, which its own update does not wait for). An
+    update that waits for a gradient all-reduce combined across segments comes after the
+    whole backward pass, which orders every reader: nothing is copied.
+    """
+    total = 0
+    for argument, result in donated:
+        at = parameters.get(argument)
+        if at is None or result >= len(schedule.outputs) or schedule.outputs[result] == at:
+            continue  # (an input returned as it is stays in its buffer)
+        before = schedule.upstream(schedule.outputs[result])
+        if any(schedule.instructions[i].name in combined for i in before):
+            continue
+        for b, buffer in enumerate(schedule.buffers):
+            if buffer.defined == at and schedule.readers[b] - before:
+                total += buffer.nbytes
+    return total
 
 
 def settled_values(graph: Graph) -> frozenset[int]:
@@ -64,8 +163,7 @@ def memory_accounting(
     mesh: MeshSpec,
     owners: dict[int, int],
 ) -> MemoryAccounting:
-    """What instance `index` holds for the whole step (see `MemoryAccounting`): the step
-    inputs it owns, and the activations it makes that a backward op reads, per device."""
+    """What instance `index` holds for the whole step (see `MemoryAccounting`)."""
     layouts = dict(assignment.values)
     position = {vid: i for i, vid in enumerate(graph.inputs)}
 
@@ -78,25 +176,50 @@ def memory_accounting(
         for vid, i in position.items()
         if owners.get(vid) == index
     )
-    internal = 0
     results = set(program.output_values)
     for op_id in ops:
         for vid in graph.ops[op_id].outputs:
-            if _held(graph, vid):
-                size = local_bytes(vid, layouts.get(vid))
-                persistent += size
-                if vid not in results:
-                    internal += size
-    return MemoryAccounting(persistent, internal)
+            if vid in results and _for_optimizer(graph, vid):
+                persistent += local_bytes(vid, layouts.get(vid))
+    made_by = {
+        argument: producer.role
+        for argument, vid in enumerate(program.input_values)
+        if (producer := graph.producer(vid)) is not None
+    }
+    return MemoryAccounting(
+        persistent,
+        backward_inputs=frozenset(a for a, r in made_by.items() if r is Role.BACKWARD),
+        forward_inputs=frozenset(a for a, r in made_by.items() if r is Role.FORWARD),
+        donated=_donated(graph, program),
+    )
 
 
-def _held(graph: Graph, vid: int) -> bool:
-    """Whether the step holds `vid` beyond the instance that makes it: an activation saved
-    for the backward pass, or a gradient kept until the optimizer update (which the compiler
+def _for_optimizer(graph: Graph, vid: int) -> bool:
+    """Whether `vid` is a gradient held until an optimizer update (which the compiler
     schedules after the backward pass, once gradient all-reduces combined across segments
     are done)."""
     producer = graph.producer(vid)
-    if producer is None or producer.role is Role.OPTIMIZER:
-        return False
-    wanted = Role.BACKWARD if producer.role is Role.FORWARD else Role.OPTIMIZER
-    return any(graph.ops[u].role is wanted for u in graph.users(vid))
+    return (
+        producer is not None
+        and producer.role is Role.BACKWARD
+        and any(graph.ops[u].role is Role.OPTIMIZER for u in graph.users(vid))
+    )
+
+
+def _donated(graph: Graph, program: StandaloneProgram) -> tuple[tuple[int, int], ...]:
+    """(argument, result) positions of `program`: a donated step input and its update (the
+    step result of the same path suffix and type, as `realize.donatable_inputs` pairs them)."""
+    updates = {
+        (path_suffix(path), graph.values[vid].type): vid
+        for vid, path in zip(graph.outputs, graph.output_paths, strict=False)
+    }
+    result_of = {vid: k for k, vid in enumerate(program.output_values)}
+    donated = {graph.inputs[p] for p in donatable_inputs(graph)}
+    pairs = []
+    for argument, vid in enumerate(program.input_values):
+        if vid in donated:
+            value = graph.values[vid]
+            update = updates.get((path_suffix(value.path), value.type))
+            if update in result_of:
+                pairs.append((argument, result_of[update]))
+    return tuple(pairs)

@@ -26,6 +26,7 @@ import numpy as np
 
 from explorer.errors import ExplorerError
 from explorer.mesh import MeshSpec
+from explorer.profile.accounting import MemoryAccounting
 from explorer.profile.compute import dot_flops
 from explorer.profile.hlo import Collective, parse_collectives
 
@@ -84,22 +85,6 @@ def compile_program(lowered: Any, backend: Backend) -> Any:
     return lowered.compile()
 
 
-@dataclass(frozen=True, slots=True)
-class MemoryAccounting:
-    """What a segment program holds for the whole step, computed from its placement.
-
-    `persistent`: the step inputs the segment owns (each input is owned by one segment, so
-    tied parameters count once), the activations it saves for a backward pass and the
-    gradients it makes for the optimizer. `internal`: the part of those that the program
-    keeps in its temporary buffers (the rest are its results), so not counted twice.
-
-    The program's other temporaries are held for the step too (see `price_compiled`).
-    """
-
-    persistent: int
-    internal: int
-
-
 def price_compiled(
     compiled: Any,
     platform: Any,
@@ -118,17 +103,15 @@ def price_compiled(
     flops, accessed = _cost(compiled)
     dots = dot_flops(hlo)
     t_comp = compute_time(platform, dots, flops, accessed)
-    temp, peak = _memory(compiled)
+    peak = _memory(compiled)
     if accounting is None:
         persistent, transient = 0, peak
     else:
-        # Checked against the whole step's buffer assignment (tiny GPT, 2 and 4 layers, 20
-        # plans each): counting each segment's temporaries as transient (only the largest
-        # alive at once) fell short by 6-10 %, more with depth; counting them as held for
-        # the step is within 3 % (median). The compiler's whole-step assignment does not
-        # reuse one segment's temporaries for another's, so they are held here.
-        persistent = accounting.persistent + max(temp - accounting.internal, 0)
-        transient = 0
+        # what the program keeps for the step and alive at once, from its schedule: its own
+        # memory analysis packs temporaries into result buffers the step does not have
+        # (there the results are the donated inputs' buffers)
+        combined = frozenset(c.name for c in collectives if any(c.combinable))
+        persistent, transient = accounting.held(hlo, combined)
     return ProgramProfile(
         t_comm=t_comm,
         t_comp=t_comp,
@@ -231,8 +214,8 @@ def _cost(compiled: Any) -> tuple[float, float]:
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
-def _memory(compiled: Any) -> tuple[int, int]:
-    """(temporary bytes, peak bytes) per device from the compiler's memory analysis."""
+def _memory(compiled: Any) -> int:
+    """Peak bytes per device from the compiler's memory analysis."""
     stats = compiled.memory_analysis()
     if stats is None:
         raise ExplorerError(
@@ -247,4 +230,4 @@ def _memory(compiled: Any) -> tuple[int, int]:
         + stats.temp_size_in_bytes
         - stats.alias_size_in_bytes
     )
-    return int(stats.temp_size_in_bytes), int(max(peak, 0))
+    return int(max(peak, 0))

@@ -42,10 +42,14 @@ from explorer.layouts import (
     twin_config,
 )
 from explorer.mesh import MeshSpec, make_mesh
-from explorer.profile.accounting import input_owners, memory_accounting, settled_values
+from explorer.profile.accounting import (
+    MemoryAccounting,
+    input_owners,
+    memory_accounting,
+    settled_values,
+)
 from explorer.profile.backends import (
     Backend,
-    MemoryAccounting,
     ProgramProfile,
     SlowerThanLimit,
     compile_program,
@@ -71,9 +75,10 @@ COLUMNS = [
 # Every this many programs priced, the run gives back the memory they left (`_release_memory`).
 RELEASE_EVERY = 100
 
-# Bump when the way programs are built changes (what is constrained, where): profiles of
-# programs built the old way are then not reused.
-PROGRAM_VERSION = "placement-8"
+# Bump when the way programs are built changes (what is constrained, where), or what their
+# profile rows hold (memory-9: persistent and transient memory read from the schedule, on
+# top of placement-8's loop-twin programs): profiles made the old way are then not reused.
+PROGRAM_VERSION = "memory-9"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,224 @@
+"""The buffers of a compiled program's schedule, read from its optimised HLO text.
+
+`compiled.memory_analysis()` gives a program's totals only: its arguments, its results and
+the temporary allocation its buffer assignment packed (temporaries may sit in a result's
+buffer before the result is made, so that total is not what the program keeps alive).
+Composing a whole step from segment programs needs more (`accounting`): which temporaries a
+program keeps from one part of its schedule to another, and how many it has alive at once.
+
+`Schedule.parse` reads the entry computation of a scheduled module (`compiled.as_text()`
+prints it in execution order): every instruction, and the buffers it defines, one per array
+of its result (a bitcast, a tuple or a get-tuple-element defines none: it aliases what it
+reads). A buffer lives from the instruction that defines it to its last reader, to the end
+for the program's results, as XLA's live ranges count it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+# Opcodes that define no buffer of their own: they alias (part of) what they read.
+_ALIASES = frozenset({"bitcast", "tuple", "get-tuple-element"})
+
+_HEAD = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*")
+_OPCODE = re.compile(r"\s*(?P<opcode>[\w\-]+)\(")
+_ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[^\]]*)\]")
+_REFERENCE = re.compile(r"%([\w.\-]+)")
+_COMMENT = re.compile(r"/\*.*?\*/")
+_INDEX = re.compile(r"\bindex=(\d+)")
+_OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+# JAX names a parameter after the argument it receives: `flat[3]` for `def run(*flat)`
+_ARGUMENT = re.compile(r"\[(\d+)\]$")
+_BITS = re.compile(r"\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class Instruction:
+    name: str
+    opcode: str
+    operands: tuple[int, ...]  # positions in the schedule of the instructions it reads
+    op_name: str  # the JAX op name of its metadata ("" without)
+    argument: int | None  # for a parameter: the position of the program argument it receives
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    defined: int  # position of the instruction that defines it
+    nbytes: int
+    last: int  # position of its last reader; the schedule's length for a result
+    result: bool  # part of the program's result
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    instructions: tuple[Instruction, ...]
+    buffers: tuple[Buffer, ...]
+    readers: tuple[frozenset[int], ...]  # per buffer: the instructions that read it
+    outputs: tuple[int, ...]  # per element of the program's result: the instruction making it
+
+    @classmethod
+    def parse(cls, text: str) -> Schedule:
+        lines = _entry(text)
+        position: dict[str, int] = {}
+        instructions: list[Instruction] = []
+        owned: list[tuple[int, ...]] = []  # per instruction: the buffers its result is made of
+        buffers: list[Buffer] = []
+        outputs: tuple[int, ...] = ()
+        for line in lines:
+            head = _HEAD.match(line)
+            if head is None:
+                continue
+            shape, rest = _split_shape(line[head.end() :])
+            opcode = _OPCODE.match(rest)
+            if opcode is None:
+                continue
+            args, attrs = _split_args(rest, opcode.end() - 1)
+            at = len(instructions)
+            operands = tuple(position[n] for n in _REFERENCE.findall(args) if n in position)
+            op_name = _OP_NAME.search(attrs)
+            kind = opcode["opcode"]
+            instruction = Instruction(
+                head["name"], kind, operands, op_name[1] if op_name else "", None
+            )
+            if kind == "parameter":
+                instruction = replace(instruction, argument=_argument(args, instruction.op_name))
+            position[head["name"]] = at
+            instructions.append(instruction)
+            if kind == "get-tuple-element":
+                index = _INDEX.search(attrs)
+                source = owned[operands[0]] if operands else ()
+                element = int(index[1]) if index else 0
+                owned.append(source[element : element + 1])
+            elif kind in _ALIASES:
+                owned.append(tuple(b for o in operands for b in owned[o]))
+            else:
+                sizes = [_nbytes(m["dtype"], m["dims"]) for m in _ARRAY.finditer(shape)]
+                owned.append(tuple(range(len(buffers), len(buffers) + len(sizes))))
+                buffers.extend(Buffer(at, size, at, False) for size in sizes)
+            if head["root"]:
+                outputs = operands if kind == "tuple" else (at,)
+        readers: list[set[int]] = [set() for _ in buffers]
+        for at, instruction in enumerate(instructions):
+            for operand in instruction.operands:
+                for b in owned[operand]:
+                    readers[b].add(at)
+        end = len(instructions)
+        results = {b for o in outputs for b in owned[o]}
+        buffers = [
+            Buffer(
+                buf.defined,
+                buf.nbytes,
+                end if b in results else max(readers[b], default=buf.defined),
+                b in results,
+            )
+            for b, buf in enumerate(buffers)
+        ]
+        return cls(tuple(instructions), tuple(buffers), tuple(map(frozenset, readers)), outputs)
+
+    def temporaries(self) -> list[int]:
+        """The buffers a program allocates for itself: not its arguments, constants or
+        results."""
+        return [
+            b
+            for b, buf in enumerate(self.buffers)
+            if not buf.result
+            and self.instructions[buf.defined].opcode not in ("parameter", "constant")
+        ]
+
+    def peak(self, buffers: Iterable[int]) -> int:
+        """The most bytes of `buffers` alive at one position of the schedule."""
+        change = [0] * (len(self.instructions) + 2)
+        for b in buffers:
+            buf = self.buffers[b]
+            change[buf.defined] += buf.nbytes
+            change[buf.last + 1] -= buf.nbytes
+        alive = most = 0
+        for delta in change:
+            alive += delta
+            most = max(most, alive)
+        return most
+
+    def downstream(self, seeds: Iterable[int]) -> set[int]:
+        """The instructions that read one of `seeds`, directly or through others."""
+        users: list[list[int]] = [[] for _ in self.instructions]
+        for at, instruction in enumerate(self.instructions):
+            for operand in instruction.operands:
+                users[operand].append(at)
+        found = set(seeds)
+        pending = list(found)
+        while pending:
+            for user in users[pending.pop()]:
+                if user not in found:
+                    found.add(user)
+                    pending.append(user)
+        return found
+
+    def upstream(self, at: int) -> set[int]:
+        """The instructions `at` reads, directly or through others, and `at` itself."""
+        found = {at}
+        pending = [at]
+        while pending:
+            for operand in self.instructions[pending.pop()].operands:
+                if operand not in found:
+                    found.add(operand)
+                    pending.append(operand)
+        return found
+
+
+def _entry(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("ENTRY")), None)
+    if start is None:
+        return []
+    body = []
+    for line in lines[start + 1 :]:
+        if line.startswith("}"):
+            break
+        body.append(line)
+    return body
+
+
+def _split_shape(text: str) -> tuple[str, str]:
+    """(result shape, the rest) of an instruction's text after its `name =`."""
+    if text.startswith("("):  # a tuple shape, up to its closing parenthesis
+        end = _closing(text, 0)
+        return text[: end + 1], text[end + 1 :]
+    shape, _, rest = text.partition(" ")
+    return shape, " " + rest
+
+
+def _split_args(text: str, open_at: int) -> tuple[str, str]:
+    end = _closing(text, open_at)
+    return _COMMENT.sub("", text[open_at + 1 : end]), text[end + 1 :]
+
+
+def _closing(text: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(text)):
+        if text[i] in "([{":
+            depth += 1
+        elif text[i] in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return len(text)
+
+
+def _nbytes(dtype: str, dims: str) -> int:
+    # bounded dynamic dimensions print as "<=8": the bound is the size XLA allocates
+    size = math.prod(int(d.strip().lstrip("<=")) for d in dims.split(",") if d.strip())
+    bits = _BITS.search(dtype)  # f32, bf16, f8e4m3fn, s4; pred is a byte
+    return max(int(bits[0]) // 8, 1) * size if bits else size
+
+
+def _argument(number: str, op_name: str) -> int | None:
+    """The program argument a parameter receives: the one its name gives (a program whose
+    unused arguments the compiler dropped numbers its parameters differently), else its
+    number."""
+    named = _ARGUMENT.search(op_name)
+    if named:
+        return int(named[1])
+    return int(number) if number.strip().isdigit() else None
