@@ -16,6 +16,7 @@ import explorer as ex
 from explorer.blocks import build_blocks
 from explorer.errors import ArgumentMismatchError
 from explorer.ir import CONTRACTION_PRIMITIVES, DimRole, Graph, OpNode, Role, ValueKind
+from explorer.layouts import instance_dependencies
 from explorer.segments import check_profiling_budget
 from explorer.trace import RoleWarning
 
@@ -229,3 +230,25 @@ def test_remat_recomputation_joins_the_blocks_it_recomputes() -> None:
     # two transposes per forward contraction, plus one recomputation inside each layer
     backward = [op for op in graph.contractions() if op.role is Role.BACKWARD]
     assert len(backward) > 2 * len(forward_dots)
+
+
+def test_remat_costs_no_more_programs_or_dependencies_than_the_plain_model() -> None:
+    """What the backward pass recomputes under `nn.remat` and hands to the next layer (its
+    norm's output) is an activation crossing a boundary, like the forward value it repeats,
+    not a value the next layer reads from outside: the rematted step has the plain step's
+    program count and instance dependencies, and every layer after the first is a repeat."""
+    found = {}
+    for name in ("linen", "linen_remat"):
+        user = BUILDERS[name]()
+        analysis = ex.analyze(user.step, *user.args, mesh=(4,), profile=False)
+        dependencies = instance_dependencies(
+            analysis.graph, analysis.block_analysis, analysis.segments, analysis.mesh
+        )
+        found[name] = (analysis.program_count, [len(d) for d in dependencies])
+        crossing = {v for b in analysis.segments.boundaries for v in b.forward}
+        made_backward = {v for v in crossing if analysis.graph.producer(v).role is Role.BACKWARD}
+        if name == "linen":
+            assert not made_backward
+        else:
+            assert made_backward, "no recomputed value crosses a boundary"
+    assert found["linen_remat"] == found["linen"], found
