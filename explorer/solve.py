@@ -1,11 +1,19 @@
 """The solver: the whole time/memory frontier of composed plans, then budget lookups.
 
-An exact dynamic programme over the chain of segment instances. After instance n the state is,
-for each strategy of its last block (the only thing the next resharding cost depends on), the
-undominated partial plans by (time, persistent memory, largest transient so far). Memory is
+An exact dynamic programme over the chain of segment instances. After instance n the partial
+plans are kept per class: the strategy of its last block (the only thing the next resharding
+cost depends on), the combining groups already paid for, and the strategies given to the open
+shared blocks. A block is shared when some instance's options are priced under its strategy
+(`Option.context`); it is open after n when instances on both sides of that cut involve it
+(one owns it, the other depends on it, or both depend on it), so the rest of the chain must
+agree with the strategy the plan so far gave it. Within a class the partial plans undominated
+by (time, persistent memory, largest transient so far) survive. Memory is
 `sum(persistent) + max(transient)`, not additive, so the largest transient is carried along as
-a third objective rather than summed; one pass yields every Pareto-optimal plan. Segments of
-one type may take different configurations. A budget query is a binary search on the frontier.
+a third objective rather than summed; one pass yields every Pareto-optimal plan, and every one
+is consistent (one real program). A dependency spans a few instances (a tied parameter, a
+residual skip), so few shared blocks are open at any cut and the classes stay few however deep
+the chain. Segments of one type may take different configurations. A budget query is a binary
+search on the frontier.
 """
 
 from __future__ import annotations
@@ -73,69 +81,85 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     instances that share options (one segment type) take the same configuration, and every
     block the strategy of its twin (`CostModel.twins`: a scan's iterations run one body).
     """
-    allowed = _allowed(model, pins or {})
-    candidates: list[tuple[float, int, Selection]] = []
-    dead_end: AnalysisError | None = None
-    for narrowed in _consistent_choices(model, allowed):
-        if uniform:
-            candidates += _uniform(model, narrowed)
-            continue
-        # one joint strategy of the shared blocks may have no profiled way through (a quick
-        # look skips some reshardings); the others still make plans
-        try:
-            candidates += _chain(model, narrowed)
-        except AnalysisError as err:
-            dead_end = err
-    if dead_end is not None and not candidates:
-        raise dead_end
-    if uniform and not candidates:
+    sharing = _sharing(model)
+    allowed = _allowed(model, pins or {}, sharing, uniform)
+    if not uniform:
+        return _frontier(_chain(model, allowed, sharing), model)
+    candidates = _uniform(model, allowed, sharing)
+    if not candidates:
         raise AnalysisError(
-            "the pins leave some segment type, or the iterations of a scan, no common configuration"
+            "no common configuration per segment type: the pins, the failed reshardings or the "
+            "strategies of the blocks the types share leave none"
         )
     return _frontier(candidates, model)
 
 
-def _consistent_choices(model: CostModel, allowed: list[list[int]]) -> Iterator[list[list[int]]]:
-    """`allowed` narrowed to each joint strategy of the blocks some instance depends on.
+@dataclass(frozen=True, slots=True)
+class _Sharing:
+    """The shared blocks (those some instance's options are priced under) and who involves them."""
 
-    An option priced under one strategy of a block in another instance (its `context`) only
-    goes with the options of that instance that give the block that strategy; enumerating
-    the (few) joint strategies of those blocks keeps every plan one real program.
-    """
-    targets = sorted({b for depends in model.dependencies for b in depends})
-    if not targets:
-        yield allowed
-        return
-    where = {}
-    for n, blocks in enumerate(model.instance_blocks):
-        for position, block in enumerate(blocks):
-            where[block] = (n, position)
-    choices = [
-        sorted({model.options[where[b][0]][i].choices[where[b][1]] for i in allowed[where[b][0]]})
-        for b in targets
+    depends: tuple[tuple[int, ...], ...]  # per instance: CostModel.dependencies
+    owner: dict[int, tuple[int, int]]  # shared block -> (its instance, its position there)
+    owned: tuple[dict[int, int], ...]  # per instance: shared block it owns -> its position
+    touched: tuple[tuple[int, ...], ...]  # per instance: shared blocks it owns or depends on
+    # per instance n: the shared blocks instances on both sides of the cut after n involve
+    open_after: tuple[tuple[int, ...], ...]
+
+
+def _sharing(model: CostModel) -> _Sharing:
+    depends = model.dependencies or tuple(() for _ in model.options)
+    involved: dict[int, list[int]] = {}  # shared block -> the instances that involve it
+    for n, blocks in enumerate(depends):
+        for b in blocks:
+            involved.setdefault(b, []).append(n)
+    owner = {
+        block: (n, position)
+        for n, blocks in enumerate(model.instance_blocks)
+        for position, block in enumerate(blocks)
+        if block in involved
+    }
+    for block, instances in involved.items():
+        if block not in owner:
+            raise AnalysisError(f"block {block} belongs to no segment instance")
+        instances.append(owner[block][0])
+    shared = sorted(involved)
+    owned = tuple(
+        {b: p for b, (m, p) in owner.items() if m == n} for n in range(len(model.options))
+    )
+    return _Sharing(
+        depends=depends,
+        owner=owner,
+        owned=owned,
+        touched=tuple(tuple(sorted({*owned[n], *depends[n]})) for n in range(len(depends))),
+        open_after=tuple(
+            tuple(b for b in shared if min(involved[b]) <= n < max(involved[b]))
+            for n in range(len(depends))
+        ),
+    )
+
+
+def _shared_values(option: Option, n: int, sharing: _Sharing) -> tuple[int, ...] | None:
+    """The strategy `option` of instance `n` gives each of its touched shared blocks, or None
+    when it contradicts itself (a block it both owns and depends on, priced under another)."""
+    if len(option.context) != len(sharing.depends[n]):
+        return None
+    values: dict[int, int] = {}
+    given = [
+        *zip(sharing.depends[n], option.context, strict=True),
+        *((b, option.choices[p]) for b, p in sharing.owned[n].items()),
     ]
-    for combo in itertools.product(*choices):
-        fixed = dict(zip(targets, combo, strict=True))
-        narrowed = []
-        for n, indices in enumerate(allowed):
-            wanted_context = tuple(fixed[b] for b in model.dependencies[n])
-            own = [(p, fixed[b]) for b, (m, p) in where.items() if m == n and b in fixed]
-            keep = [
-                i
-                for i in indices
-                if model.options[n][i].context == wanted_context
-                and all(model.options[n][i].choices[p] == c for p, c in own)
-            ]
-            if not keep:
-                break
-            narrowed.append(keep)
-        else:
-            yield narrowed
+    for block, strategy in given:
+        if values.setdefault(block, strategy) != strategy:
+            return None
+    return tuple(values[b] for b in sharing.touched[n])
 
 
-def _allowed(model: CostModel, pins: Pins) -> list[list[int]]:
-    allowed = []
-    shared: dict[int, list[int]] = {}  # instances of one type share their options tuple
+def _allowed(model: CostModel, pins: Pins, sharing: _Sharing, uniform: bool) -> list[list[int]]:
+    """Per instance, the options the pins leave, less those another beats wherever it goes.
+
+    With `uniform`, every instance of one type gets the options all of them allow.
+    """
+    pinned = []
     for n, options in enumerate(model.options):
         wanted = pins.get(n, {})
         keep = [
@@ -148,18 +172,36 @@ def _allowed(model: CostModel, pins: Pins) -> list[list[int]]:
                 f"the pins {dict(wanted)} leave segment {model.labels[n]!r} no profiled "
                 "configuration; pin a strategy its blocks have"
             )
-        if wanted:
-            allowed.append(_undominated(options, keep))
+        pinned.append(keep)
+    allowed: list[list[int]] = [[] for _ in model.options]
+    if uniform:
+        types: dict[int, list[int]] = {}
+        for n, options in enumerate(model.options):
+            types.setdefault(id(options), []).append(n)
+        for members in types.values():
+            common = sorted(set.intersection(*(set(pinned[n]) for n in members)))
+            anywhere = {p for n in members for p in sharing.owned[n].values()}
+            survivors = _undominated(model.options[members[0]], common, sorted(anywhere))
+            for n in members:
+                allowed[n] = survivors
+        return allowed
+    unpinned: dict[tuple[int, tuple[int, ...]], list[int]] = {}  # instances of one type share
+    for n, options in enumerate(model.options):
+        positions = tuple(sorted(sharing.owned[n].values()))
+        if pins.get(n):
+            allowed[n] = _undominated(options, pinned[n], positions)
         else:
-            if id(options) not in shared:
-                shared[id(options)] = _undominated(options, keep)
-            allowed.append(shared[id(options)])
+            key = (id(options), positions)
+            if key not in unpinned:
+                unpinned[key] = _undominated(options, pinned[n], positions)
+            allowed[n] = unpinned[key]
     return allowed
 
 
-def _undominated(options: tuple[Option, ...], keep: list[int]) -> list[int]:
+def _undominated(options: tuple[Option, ...], keep: list[int], shared: Sequence[int]) -> list[int]:
     """Drop options beaten on time, persistent and transient memory by one with the same ends
-    (and the same context and combining groups, which the rest of the plan depends on)."""
+    (and the same context, combining groups and strategies of the `shared` positions, which
+    the rest of the plan depends on)."""
     out = []
     for i in keep:
         a = options[i]
@@ -169,6 +211,7 @@ def _undominated(options: tuple[Option, ...], keep: list[int]) -> list[int]:
             and options[j].last == a.last
             and options[j].context == a.context
             and options[j].combined == a.combined
+            and all(options[j].choices[p] == a.choices[p] for p in shared)
             and options[j].time <= a.time
             and options[j].persistent <= a.persistent
             and options[j].transient <= a.transient
@@ -181,26 +224,16 @@ def _undominated(options: tuple[Option, ...], keep: list[int]) -> list[int]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _States:
-    """Partial plans ending in one strategy, sorted by time, with their back pointers."""
-
-    time: np.ndarray
-    persistent: np.ndarray
-    level: np.ndarray  # index of the largest transient so far in the sorted transient values
-    came_from: np.ndarray  # previous strategy class
-    position: np.ndarray  # index in that class's states after the previous instance
-    option: np.ndarray  # option index chosen for this instance
-
-
-def _chain(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int, Selection]]:
+def _chain(
+    model: CostModel, allowed: list[list[int]], sharing: _Sharing
+) -> list[tuple[float, int, Selection]]:
     """Pareto plans of the chain, in one pass carrying the largest transient so far.
 
-    States are kept per class: the strategy of the last block (the only thing the next
-    resharding cost depends on) and the set of combining groups already paid for (a group's
-    latency is paid by the first option that has combinable collectives of it: they share
-    one bucket). They are pruned by `_skyline`. A plan's memory is its persistent sum plus
-    the transient value of its level.
+    A class is a row: the last block's strategy, the mask of combining groups already paid
+    for (a group's latency is paid by the first option that has combinable collectives of it:
+    they share one bucket), then the strategies of the shared blocks open after the instance.
+    The partial plans are flat arrays, each with its class, pruned per class by `_skyline`. A
+    plan's memory is its persistent sum plus the transient value of its level.
     """
     levels = np.array(
         sorted({model.options[n][i].transient for n, opts in enumerate(allowed) for i in opts}),
@@ -212,114 +245,149 @@ def _chain(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int,
             for key, _, seconds in model.options[n][i].combined:
                 latency[key] = seconds
     groups = sorted(latency)
-    width = len(groups)  # a class is `last << width | mask of groups paid`
     bit = {key: 1 << k for k, key in enumerate(groups)}
-    empty = np.zeros(1, np.int64)
-    states = {-1: _States(np.zeros(1), empty, empty, empty, empty, empty)}
-    history: list[dict[int, _States]] = []
+    classes = np.zeros((1, 2), dtype=np.int64)  # before the first instance: nothing open
+    time = np.zeros(1)
+    persistent = np.zeros(1, dtype=np.int64)
+    level = np.zeros(1, dtype=np.int64)
+    of_class = np.zeros(1, dtype=np.int64)
+    history: list[tuple[np.ndarray, np.ndarray]] = []  # per instance: previous plan, option
     for n, opts in enumerate(allowed):
-        options = [model.options[n][i] for i in opts]
-        ids = np.array(opts)
-        cost = np.array([o.time for o in options])
-        held = np.array([o.persistent for o in options], dtype=np.int64)
-        level = np.searchsorted(levels, [o.transient for o in options])
-        firsts = np.array([o.first for o in options])
+        was_open = sharing.open_after[n - 1] if n else ()
+        touched = sharing.touched[n]
+        usable = [(i, _shared_values(model.options[n][i], n, sharing)) for i in opts]
+        usable = [(i, v) for i, v in usable if v is not None]
+        ids = np.array([i for i, _ in usable], dtype=np.int64)
+        options = [model.options[n][i] for i in ids]
+        gives = np.array([v for _, v in usable], dtype=np.int64).reshape(len(usable), len(touched))
         lasts = np.array([o.last for o in options], dtype=np.int64)
         masks = np.array([sum(bit[k] for k, _, _ in o.combined) for o in options], dtype=np.int64)
-        parts: dict[int, list[tuple[np.ndarray, ...]]] = {}
-        for cls, before in states.items():
-            prev_last, prev_mask = (
-                (-1, 0) if cls == -1 else (cls >> width, cls & ((1 << width) - 1))
+        # class x option: does the option agree with the strategies the class gave the shared
+        # blocks it touches, and what does taking it cost
+        agrees = np.ones((len(classes), len(options)), dtype=bool)
+        for k, block in enumerate(touched):
+            if block in was_open:
+                carried = classes[:, 2 + was_open.index(block)]
+                agrees &= carried[:, None] == gives[None, :, k]
+        step = np.broadcast_to(np.array([o.time for o in options]), agrees.shape).copy()
+        if n:
+            step += _resharding(model.reshard[n - 1], classes[:, 0], options)
+        newly_paid = masks[None, :] & ~classes[:, 1][:, None]
+        for key in groups:
+            step += latency[key] * ((newly_paid & bit[key]) != 0)
+        fits = agrees & np.isfinite(step)
+        if not fits.any():
+            shared = [b for b in touched if b in was_open]
+            raise AnalysisError(_dead_end(model, n, bool(agrees.any()), shared))
+        # the class each fitting (class, option) pair leads to
+        pair_class, pair_option = np.nonzero(fits)
+        columns = [lasts[pair_option], classes[pair_class, 1] | masks[pair_option]]
+        for block in sharing.open_after[n]:
+            columns.append(
+                classes[pair_class, 2 + was_open.index(block)]
+                if block in was_open
+                else gives[pair_option, touched.index(block)]
             )
-            move = (
-                np.zeros(len(options))
-                if n == 0
-                else np.array(
-                    [model.reshard[n - 1].get((prev_last, int(f)), np.inf) for f in firsts]
-                )
-            )
-            fresh = masks & ~prev_mask
-            extra = np.array(
-                [sum(latency[g] for g in groups if int(m) & bit[g]) for m in fresh], dtype=float
-            )
-            classes = (lasts << width) | masks | prev_mask
-            for new_class in np.unique(classes):
-                mine = classes == new_class
-                # one row per option: each row is a time-sorted run, which the stable sort
-                # below merges rather than sorts
-                grid_t = (cost[mine] + move[mine] + extra[mine])[:, None] + before.time[None, :]
-                shape = grid_t.shape
-                finite = np.isfinite(grid_t).ravel()
-                parts.setdefault(int(new_class), []).append(
-                    (
-                        grid_t.ravel()[finite],
-                        (held[mine][:, None] + before.persistent[None, :]).ravel()[finite],
-                        np.maximum(level[mine][:, None], before.level[None, :]).ravel()[finite],
-                        np.full(shape, cls).ravel()[finite],
-                        np.broadcast_to(np.arange(shape[1])[None, :], shape).ravel()[finite],
-                        np.broadcast_to(ids[mine][:, None], shape).ravel()[finite],
-                    )
-                )
-        new_states: dict[int, _States] = {}
-        for new_class, pieces in parts.items():
-            columns = [np.concatenate(c) for c in zip(*pieces, strict=True)]
-            if not len(columns[0]):
-                continue
-            keep = _skyline(columns[0], columns[1], columns[2], levels)
-            new_states[new_class] = _States(*(c[keep] for c in columns))
-        states = new_states
-        if not states:
-            raise AnalysisError(
-                f"no configuration of {model.labels[n]!r} can follow the previous segment: every "
-                "resharding between them failed to profile"
-            )
-        history.append(states)
+        classes, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
+        leads_to = np.zeros(fits.shape, dtype=np.int64)
+        leads_to[pair_class, pair_option] = inverse.reshape(-1)
+        # every partial plan followed by every option its class fits
+        plan, option = np.nonzero(fits[of_class])
+        came = of_class[plan]
+        candidate_class = leads_to[came, option]
+        candidate_time = time[plan] + step[came, option]
+        candidate_persistent = persistent[plan] + np.array([o.persistent for o in options])[option]
+        transient = np.searchsorted(levels, [o.transient for o in options])
+        candidate_level = np.maximum(level[plan], transient[option])
+        keep = _skyline(
+            candidate_class, candidate_time, candidate_persistent, candidate_level, levels
+        )
+        of_class, time = candidate_class[keep], candidate_time[keep]
+        persistent, level = candidate_persistent[keep], candidate_level[keep]
+        history.append((plan[keep], ids[option[keep]]))
 
-    def walk(cls: int, k: int) -> tuple[int, ...]:
-        """Follow the back pointers from final point `k` of class `cls`."""
+    def walk(k: int) -> tuple[int, ...]:
+        """Follow the back pointers from final plan `k`."""
         selection = [0] * len(allowed)
-        c, pos = cls, k
         for n in range(len(allowed) - 1, -1, -1):
-            found = history[n][c]
-            selection[n] = int(found.option[pos])
-            c, pos = int(found.came_from[pos]), int(found.position[pos])
+            previous, option = history[n]
+            selection[n] = int(option[k])
+            k = int(previous[k])
         return tuple(selection)
 
-    return [
-        (float(s.time[k]), int(s.persistent[k] + levels[s.level[k]]), functools.partial(walk, c, k))
-        for c, s in states.items()
-        for k in range(len(s.time))
-    ]
+    memory = persistent + levels[level]
+    return [(float(time[k]), int(memory[k]), functools.partial(walk, k)) for k in range(len(time))]
+
+
+def _resharding(
+    table: Mapping[tuple[int, int], float], lasts: np.ndarray, options: Sequence[Option]
+) -> np.ndarray:
+    """Seconds to reshard from each last strategy to each option's first: infinite where the
+    resharding failed to profile."""
+    firsts = np.array([o.first for o in options], dtype=np.int64)
+    dense = np.full((int(lasts.max()) + 1, int(firsts.max(initial=0)) + 1), np.inf)
+    for (last, first), seconds in table.items():
+        if last < dense.shape[0] and first < dense.shape[1]:
+            dense[last, first] = seconds
+    return np.asarray(dense[lasts][:, firsts])
+
+
+def _dead_end(model: CostModel, n: int, agreed: bool, shared: list[int]) -> str:
+    where = f"no configuration of {model.labels[n]!r} can follow the previous segment: "
+    if agreed:
+        return where + "every resharding between them failed to profile"
+    return where + (
+        "none agrees with the strategies the segments before it gave the blocks it shares "
+        f"with them ({shared})"
+    )
 
 
 def _skyline(
-    times: np.ndarray, persistent: np.ndarray, level: np.ndarray, caps: np.ndarray
+    group: np.ndarray,
+    times: np.ndarray,
+    persistent: np.ndarray,
+    level: np.ndarray,
+    caps: np.ndarray,
 ) -> np.ndarray:
-    """Indices, in time order, of the partial plans no earlier one (in time order) dominates.
+    """Indices, in class and time order, of the partial plans no earlier one (in time order)
+    of the same class dominates.
 
     Plan B dominates plan A, whatever follows, when it is no slower, holds no more persistent
     memory, and holds no more persistent plus largest transient memory: past both transients
     the plans pay the same future transient, below them their own. (A dominated plan with an
     equal time may survive: harmless, the final frontier is filtered strictly.)
     """
-    order = np.argsort(times, kind="stable")
+    order = np.lexsort((times, group))
+    run = np.concatenate(([0], np.cumsum(group[order][1:] != group[order][:-1])))
     total = persistent[order] + caps[level[order]]
-    never = np.iinfo(np.int64).max
     # A cheap first sweep: an earlier plan whose whole memory is below this one's persistent
     # memory dominates it. Dominance is transitive, so the exact sweep below need only look
     # at the survivors.
-    lowest = np.concatenate(([never], np.minimum.accumulate(total)[:-1]))
-    order = order[lowest > persistent[order]]
+    distinct, rank = np.unique(total, return_inverse=True)
+    lowest = np.append(distinct, np.iinfo(np.int64).max)[_earlier_least(rank, run, len(distinct))]
+    alive = lowest > persistent[order]
+    order, run = order[alive], run[alive]
     held = persistent[order]
     tier = level[order]
     total = held + caps[tier]
+    distinct, rank = np.unique(held, return_inverse=True)
+    least_held = np.append(distinct, np.iinfo(np.int64).max)
     dominated = np.zeros(len(order), dtype=bool)
     for value in np.flatnonzero(np.bincount(tier)):
-        # least persistent memory among the earlier plans at this level
-        running = np.minimum.accumulate(np.where(tier == value, held, never))
-        earlier = np.concatenate(([never], running[:-1]))
+        # least persistent memory among the earlier plans of the class at this level
+        at_level = np.where(tier == value, rank, len(distinct))
+        earlier = least_held[_earlier_least(at_level, run, len(distinct))]
         dominated |= earlier <= np.minimum(held, total - caps[value])
     return np.asarray(order[~dominated])
+
+
+def _earlier_least(rank: np.ndarray, run: np.ndarray, none: int) -> np.ndarray:
+    """Per element, the least rank before it in its run (`run` non-decreasing, ranks at most
+    `none`), or `none` for the first of a run."""
+    # earlier runs get higher keys, so a running minimum never reaches back into one
+    offset = (run[-1] - run) * (none + 1)
+    running = np.minimum.accumulate(offset + rank)
+    return np.minimum(np.concatenate(([none], running[:-1] - offset[1:])), none)
 
 
 def _pareto(times: np.ndarray, memory: np.ndarray) -> np.ndarray:
@@ -355,44 +423,82 @@ def _frontier(candidates: Sequence[tuple[float, int, Selection]], model: CostMod
     return Frontier(tuple(points))
 
 
-def _uniform(model: CostModel, allowed: list[list[int]]) -> list[tuple[float, int, Selection]]:
-    """One configuration per group of instances sharing their options (a segment type), and
-    one strategy per block and its twins (`CostModel.twins`: the same block in every
-    iteration of a scan, whose applied step runs one body, may lie in instances of different
-    types). Groups are chosen depth first, so the twins one group fixes narrow the next."""
-    groups: dict[int, list[int]] = {}
+def _uniform(
+    model: CostModel, allowed: list[list[int]], sharing: _Sharing
+) -> list[tuple[float, int, Selection]]:
+    """One configuration per group of instances sharing their options (a segment type).
+
+    The types' configurations are enumerated type by type, a configuration dropped as soon as
+    it disagrees with an earlier type's (or its own) on a shared block: with one configuration
+    per type, a dependency is a tie between two types' positions, the same at every depth.
+    """
+    types: dict[int, list[int]] = {}
     for n, options in enumerate(model.options):
-        groups.setdefault(id(options), []).append(n)
-    members = list(groups.values())
-    choices_per_group = [
-        sorted(set.intersection(*(set(allowed[n]) for n in group))) for group in members
-    ]
-    if any(not c for c in choices_per_group):
-        return []
-    candidates: list[tuple[float, int, Selection]] = []
-    selection = [0] * len(model.options)
+        types.setdefault(id(options), []).append(n)
+    members = list(types.values())
+    type_of = {n: t for t, group in enumerate(members) for n in group}
+    # (dependent type, owner type) -> {(context index, owner's block position)}
+    ties: dict[tuple[int, int], set[tuple[int, int]]] = {}
+    for n, depends in enumerate(sharing.depends):
+        for k, block in enumerate(depends):
+            m, position = sharing.owner[block]
+            ties.setdefault((type_of[n], type_of[m]), set()).add((k, position))
 
-    def extend(g: int, taken: dict[int, int]) -> None:
-        if g == len(members):
-            time = model.time(selection)
-            if np.isfinite(time):
-                candidates.append((time, model.memory(selection), tuple(selection)))
+    def agree(dependent: Option, owner: Option, pairs: set[tuple[int, int]]) -> bool:
+        return all(dependent.context[k] == owner.choices[p] for k, p in pairs)
+
+    choices = []
+    for t, group in enumerate(members):
+        options = model.options[group[0]]
+        own = ties.get((t, t), set())
+        choices.append(
+            [
+                i
+                for i in allowed[group[0]]
+                if all(len(options[i].context) == len(sharing.depends[n]) for n in group)
+                and agree(options[i], options[i], own)
+            ]
+        )
+
+    def twins_agree(t: int, i: int, taken: dict[int, int]) -> dict[int, int] | None:
+        """`taken` (twin -> strategy) extended by type t's configuration i, or None if one
+        of its blocks' twins already took another strategy (a scan's iterations run one
+        body, and its first and last iterations may be instances of other types)."""
+        fixed = dict(taken)
+        for n in members[t]:
+            strategies = model.options[n][i].choices
+            for block, strategy in zip(model.instance_blocks[n], strategies, strict=True):
+                if fixed.setdefault(model.twin(block), strategy) != strategy:
+                    return None
+        return fixed
+
+    def consistent(prefix: list[int], taken: dict[int, int]) -> Iterator[list[int]]:
+        t = len(prefix)
+        if t == len(members):
+            yield prefix
             return
-        for choice in choices_per_group[g]:
-            fixed = dict(taken)
-            if model.twins and not all(
-                fixed.setdefault(model.twin(block), strategy) == strategy
-                for n in members[g]
-                for block, strategy in zip(
-                    model.instance_blocks[n], model.options[n][choice].choices, strict=True
-                )
+        options = model.options[members[t][0]]
+        chosen = [model.options[members[u][0]][prefix[u]] for u in range(t)]
+        for i in choices[t]:
+            if not all(
+                agree(options[i], chosen[u], ties.get((t, u), set()))
+                and agree(chosen[u], options[i], ties.get((u, t), set()))
+                for u in range(t)
             ):
-                continue  # a twin of one of these blocks already took another strategy
-            for n in members[g]:
-                selection[n] = choice
-            extend(g + 1, fixed)
+                continue
+            fixed = twins_agree(t, i, taken) if model.twins else taken
+            if fixed is not None:
+                yield from consistent([*prefix, i], fixed)
 
-    extend(0, {})
+    candidates: list[tuple[float, int, Selection]] = []
+    for combo in consistent([], {}):
+        selection = [0] * len(model.options)
+        for group, choice in zip(members, combo, strict=True):
+            for n in group:
+                selection[n] = choice
+        time = model.time(selection)
+        if np.isfinite(time):
+            candidates.append((time, model.memory(selection), tuple(selection)))
     return candidates
 
 
