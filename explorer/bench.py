@@ -476,7 +476,7 @@ def overhead(run: Run) -> None:
     from explorer.mesh import mesh_spec
     from explorer.platforms import load_platform
     from explorer.profile.cache import ProfileCache
-    from explorer.profile.runner import profile_all
+    from explorer.profile.runner import distinct_programs, profile_all
     from explorer.segments import build_segments
     from explorer.solve import solve_frontier
     from explorer.space import build_space
@@ -514,7 +514,7 @@ def overhead(run: Run) -> None:
                         cache=store, progress=False,
                     )  # fmt: skip
                     row["profile_s"] = time.perf_counter() - start
-            row["programs"] = len(table)
+            row["programs"] = distinct_programs(table)
             row["from_cache"] = int(table["cached"].sum())
             start = time.perf_counter()
             dependencies = instance_dependencies(graph, blocks, segments, mesh)

@@ -24,7 +24,7 @@ from explorer.mesh import MeshSpec, mesh_spec
 from explorer.plan import Plan, make_plan
 from explorer.segments import DEFAULT_PROFILING_BUDGET, ProgramCount, build_segments, program_count
 from explorer.solve import Frontier, solve_frontier
-from explorer.space import build_space, config_count
+from explorer.space import build_space, config_count, reshard_signatures
 from explorer.trace import ArgRoles, trace
 
 DEFAULT_CACHE = "~/.cache/explorer/profiles.sqlite"
@@ -55,7 +55,8 @@ class Analysis:
         from explorer.layouts import instance_dependencies
 
         depends = instance_dependencies(self.graph, self.block_analysis, self.segments, self.mesh)
-        return program_count(self.segments, self.block_analysis, depends)
+        reshards = reshard_signatures(self.graph, self.blocks, self.segments)
+        return program_count(self.segments, self.block_analysis, depends, reshards)
 
     @property
     def program_count(self) -> int:

@@ -20,7 +20,7 @@ import itertools
 import math
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from explorer import affine
@@ -745,10 +745,17 @@ def program_count(
     segmentation: Segmentation,
     analysis: BlockAnalysis,
     dependencies: Sequence[tuple[int, ...]] = (),
+    reshards: Mapping[tuple[int, int], Mapping[tuple[int, int], Sequence[object]]] | None = None,
 ) -> ProgramCount:
     """Eq. 7, with the extra programs of a type whose cost depends on another instance's
     block (`dependencies`, per instance: see `layouts.external_blocks`): one per strategy
-    of that block."""
+    of that block.
+
+    With `reshards` (`space.reshard_signatures`: what each pair's resharding moves, per
+    strategy pair), a resharding program is counted once however many boundaries share it,
+    and not at all where nothing moves; without, every strategy pair of every pair of types
+    counts, as in the paper.
+    """
     blocks = analysis.blocks
     first_instance: dict[int, SegmentInstance] = {}
     for instance in segmentation.instances:
@@ -766,9 +773,17 @@ def program_count(
         return len(blocks[instance.blocks[-1 if last else 0]].strategies)
 
     pairs: dict[tuple[int, int], int] = {}
+    seen: set[object] = set()
     for before, after in zip(segmentation.instances, segmentation.instances[1:], strict=False):
         key = (before.unique_id, after.unique_id)
-        pairs[key] = edge_strategies(before, True) * edge_strategies(after, False)
+        if key in pairs:
+            continue
+        if reshards is None:
+            pairs[key] = edge_strategies(before, True) * edge_strategies(after, False)
+        else:  # the programs this pair adds: what moves, not yet moved by an earlier pair
+            new = {tuple(s) for s in reshards[key].values() if s} - seen
+            seen |= new
+            pairs[key] = len(new)
     per_pair = tuple((a, b, n) for (a, b), n in sorted(pairs.items()))
     return ProgramCount(
         segment_programs=sum(n for _, n in per_type),

@@ -343,3 +343,53 @@ def boundary_moves(
     forward = tuple((v, produced(v), wanted(v)) for v in crossing.forward)
     backward = tuple((v, wanted(v), produced(v)) for v in crossing.backward)
     return forward + backward
+
+
+# What a resharding program moves, whichever boundary it serves: (dtype, shape, from, to) of
+# each value whose layout changes, sorted. Empty when nothing moves.
+ReshardSignature = tuple[tuple[str, tuple[int, ...], DimAxes, DimAxes], ...]
+
+
+def changed_moves(
+    moves: tuple[tuple[int, DimAxes, DimAxes], ...],
+) -> tuple[tuple[int, DimAxes, DimAxes], ...]:
+    """The moves that change a layout: a value already where the next block wants it costs
+    nothing at the boundary, in the whole step as in a profile."""
+    return tuple(move for move in moves if move[1] != move[2])
+
+
+def reshard_signature(
+    graph: Graph, moves: tuple[tuple[int, DimAxes, DimAxes], ...]
+) -> ReshardSignature:
+    """Two boundaries with the same signature compile to the same resharding program."""
+    return tuple(
+        sorted(
+            (graph.values[v].type.dtype, graph.values[v].type.shape, source, target)
+            for v, source, target in changed_moves(moves)
+        )
+    )
+
+
+def reshard_signatures(
+    graph: Graph, blocks: tuple[ParallelBlock, ...], segmentation: Segmentation
+) -> dict[tuple[int, int], dict[tuple[int, int], ReshardSignature]]:
+    """Per pair of consecutive types (before, after), per strategy pair (last block of the
+    one, first block of the other), what resharding between them moves, read at the pair's
+    first boundary (every boundary of a pair moves the same tensors)."""
+    found: dict[tuple[int, int], dict[tuple[int, int], ReshardSignature]] = {}
+    for boundary, (before, after) in enumerate(itertools.pairwise(segmentation.instances)):
+        pair = (before.unique_id, after.unique_id)
+        if pair in found:
+            continue
+        lasts = range(len(blocks[before.blocks[-1]].strategies)) if before.blocks else [0]
+        firsts = range(len(blocks[after.blocks[0]].strategies)) if after.blocks else [0]
+        found[pair] = {
+            (last, first): reshard_signature(
+                graph,
+                boundary_moves(
+                    graph, blocks, segmentation, boundary, last_choice=last, first_choice=first
+                ),
+            )
+            for last, first in itertools.product(lasts, firsts)
+        }
+    return found

@@ -61,7 +61,12 @@ from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
 from explorer.profile.hlo import Collective, CollectiveKind
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.segments import DEFAULT_PROFILING_BUDGET, pruned_configs
-from explorer.space import boundary_moves, segment_input_layouts
+from explorer.space import (
+    boundary_moves,
+    changed_moves,
+    reshard_signatures,
+    segment_input_layouts,
+)
 
 # A measured program slower than this multiple of the best configuration so far is abandoned.
 DYNAMIC_LIMIT_FACTOR = 4.0
@@ -69,7 +74,7 @@ DYNAMIC_LIMIT_FACTOR = 4.0
 COLUMNS = [
     "kind", "segment", "label", "config", "choices", "t_comm", "t_comp", "t_total", "memory",
     "persistent_memory", "transient_memory", "status", "reason", "collectives", "cached",
-    "seconds", "context", "combined",
+    "seconds", "context", "combined", "program",
 ]  # fmt: skip
 
 # Every this many programs priced, the run gives back the memory they left (`_release_memory`).
@@ -102,6 +107,7 @@ class _Job:
     # strategies of the blocks of other instances this program depends on (see
     # `layouts.external_blocks`), in the order of the type's first instance's dependencies
     context: tuple[int, ...] = ()
+    free: bool = False  # a resharding where nothing moves: costs nothing, nothing to compile
 
 
 def profile_all(
@@ -159,6 +165,12 @@ def profile_all(
             jobs = [j for j in jobs if (j.segment, j.choices) not in seen]
             rows += _run(jobs, context, cache, workers, progress, tick=tick)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def distinct_programs(table: pd.DataFrame) -> int:
+    """How many programs a profile table's rows were priced from: boundaries that move the
+    same tensors share one, and a boundary where nothing moves has none."""
+    return int(table.loc[table["program"] != "", "program"].nunique())
 
 
 def own_config(config: str) -> str:
@@ -318,39 +330,38 @@ class _Context:
         return build
 
     def reshard_jobs(self) -> Iterator[_Job]:
+        """One job per strategy pair of each pair of consecutive types. Jobs that move the
+        same tensors the same way share a program key (one compile, `_run`); where nothing
+        moves, the job is free."""
         blocks = self.analysis.blocks
-        seen: set[tuple[int, int]] = set()
         instances = self.segmentation.instances
+        first_boundary: dict[tuple[int, int], int] = {}
         for boundary in range(len(instances) - 1):
+            pair = (instances[boundary].unique_id, instances[boundary + 1].unique_id)
+            first_boundary.setdefault(pair, boundary)
+        signatures = reshard_signatures(self.graph, blocks, self.segmentation)
+        for pair, table in signatures.items():
+            boundary = first_boundary[pair]
             before, after = instances[boundary], instances[boundary + 1]
-            pair = (before.unique_id, after.unique_id)
-            if pair in seen:
-                continue
-            seen.add(pair)
-            lasts = range(len(blocks[before.blocks[-1]].strategies)) if before.blocks else [0]
-            firsts = range(len(blocks[after.blocks[0]].strategies)) if after.blocks else [0]
-            fingerprints = (
-                self.segmentation.unique[pair[0]].fingerprint,
-                self.segmentation.unique[pair[1]].fingerprint,
-            )
-            for last, first in itertools.product(lasts, firsts):
+            unique = self.segmentation.unique
+            label = f"{unique[pair[0]].label}->{unique[pair[1]].label}"
+            for (last, first), signature in table.items():
                 name_last = (
                     blocks[before.blocks[-1]].strategies[last].name if before.blocks else "none"
                 )
                 name_first = (
                     blocks[after.blocks[0]].strategies[first].name if after.blocks else "none"
                 )
-                config = f"{name_last}->{name_first}"
+                digest = hashlib.sha256(repr(signature).encode()).hexdigest()[:16]
                 yield _Job(
                     kind="reshard",
                     segment=pair,
-                    label=f"{self.segmentation.unique[pair[0]].label}->{self.segmentation.unique[pair[1]].label}",
+                    label=label,
                     choices=(last, first),
-                    config=config,
-                    key=self.key(
-                        f"reshard:{fingerprints[0]}->{fingerprints[1]}", config, PROGRAM_VERSION
-                    ),
+                    config=f"{name_last}->{name_first}",
+                    key=self.key(f"reshard:{digest}", "moves", PROGRAM_VERSION),
                     build=self._reshard_builder(boundary, last, first),
+                    free=not signature,
                 )
 
     def _reshard_builder(self, boundary: int, last: int, first: int) -> Callable[[], _Built]:
@@ -363,7 +374,8 @@ class _Context:
                 last_choice=last,
                 first_choice=first,
             )
-            return _Built(reshard_program(self.graph, moves, self.jax_mesh), None, frozenset())
+            program = reshard_program(self.graph, changed_moves(moves), self.jax_mesh)
+            return _Built(program, None, frozenset())
 
         return build
 
@@ -377,12 +389,16 @@ def _run(
     *,
     tick: Callable[[], None] | None = None,
 ) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+    rows = [_row(job, _nothing_moves(job), context, was_cached=False) for job in jobs if job.free]
+    jobs = [job for job in jobs if not job.free]
     cached = cache.get_many([job.key for job in jobs])
-    todo = [job for job in jobs if job.key not in cached]
+    sharing: dict[ProgramKey, list[_Job]] = collections.defaultdict(list)  # one compile each
     for job in jobs:
         if job.key in cached:
             rows.append(_row(job, cached[job.key], context, was_cached=True))
+        else:
+            sharing[job.key].append(job)
+    todo = [same[0] for same in sharing.values()]
     if not todo:
         return rows
     bar = _progress(len(todo), progress)
@@ -405,7 +421,7 @@ def _run(
             if following is not None:
                 window.append((following, pool.submit(_compile, following, context.backend)))
             cache.put(record)
-            rows.append(_row(job, record, context, was_cached=False))
+            rows.extend(_row(same, record, context, was_cached=False) for same in sharing[job.key])
             if bar is not None:
                 bar.update(1)
             if tick is not None:
@@ -504,6 +520,22 @@ def _record(job: _Job, profile: ProgramProfile, seconds: float) -> ProfileRecord
     )
 
 
+def _nothing_moves(job: _Job) -> ProfileRecord:
+    return ProfileRecord(
+        key=job.key,
+        status="ok",
+        t_comm=0.0,
+        t_comp=0.0,
+        memory=0,
+        persistent_memory=0,
+        transient_memory=0,
+        collectives="[]",
+        reason="",
+        seconds=0.0,
+        created=time.time(),
+    )
+
+
 def _infeasible(job: _Job, reason: str, seconds: float) -> ProfileRecord:
     return ProfileRecord(
         key=job.key,
@@ -549,6 +581,9 @@ def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) 
         "seconds": record.seconds,
         "context": job.context,
         "combined": combined,
+        # the compiled program's cache key: boundaries that move the same tensors share one;
+        # "" where nothing moves (no program)
+        "program": "" if job.free else job.key.digest()[:16],
     }
 
 

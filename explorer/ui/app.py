@@ -28,6 +28,7 @@ from explorer import models
 from explorer.errors import ExplorerError
 from explorer.pipeline import DEFAULT_CACHE, Analysis, analyze
 from explorer.plan import Plan
+from explorer.profile.runner import distinct_programs
 from explorer.solve import Frontier
 from explorer.ui.bars import (
     BarsData,
@@ -445,7 +446,8 @@ class Explorer(widgets.VBox):
             self.progress_w.value = self.progress_w.max
             self.progress_w.bar_style = "success"
             self.progress_label.value = (
-                f"{len(table)} programs in {time.perf_counter() - start:.1f} s "
+                f"{len(table)} profiles from {distinct_programs(table)} programs in "
+                f"{time.perf_counter() - start:.1f} s "
                 f"({int(table['cached'].sum())} from the cache, "
                 f"{int((table['status'] != 'ok').sum())} infeasible)"
             )
