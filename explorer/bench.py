@@ -228,7 +228,6 @@ def _analyze(
         backend=backend,
         cache=run.cache,
         progress=False,
-        prune=True,  # a space over the profiling budget is profiled pruned, as a user would
     )
 
 

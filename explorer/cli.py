@@ -26,7 +26,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--cache", default="~/.cache/explorer/profiles.sqlite")
     plan.add_argument("--no-cache", action="store_true", help="keep no profiles on disk")
     plan.add_argument("--no-profile", action="store_true", help="stop after segmentation")
-    plan.add_argument("--prune", action="store_true", help="prune sub-spaces over budget")
     plan.add_argument("--budget", default=None, help="memory per device, e.g. 8GiB or 512MiB")
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
     sub.add_parser(
@@ -82,7 +81,6 @@ def _plan(args: argparse.Namespace) -> int:
         backend=args.backend,
         cache=None if args.no_cache else args.cache,
         profile=not args.no_profile,
-        prune=args.prune,
     )
     print(f"{args.model} {args.preset}: {config}")
     print(analysis.summary())

@@ -144,7 +144,7 @@ class Analysis:
     def baseline(self, name: str) -> Plan:
         """A template plan (`dp`, `megatron`, `fsdp`), priced by the same cost model; `fsdp`
         by compiling the whole step (its parameter layouts are not a block configuration), and
-        so is a template whose configuration a pruned space did not profile.
+        so is a template whose configuration a restricted run (`only=`) did not profile.
 
         `alpa` solves the Alpa-style ILP over per-op strategies (explorer.alpa) on this mesh
         and platform. Its own objective is a communication-volume estimate on another scale
@@ -170,7 +170,7 @@ class Analysis:
                 if o.choices == wanted and o.context == context
             ]
             if not found:
-                # a pruned space may not hold the template: price it on the whole step instead
+                # a restricted run (`only=`) may not hold the template: price it on the whole step
                 return self._evaluated_plan(name, per_block, None)
             selection.append(found[0])
         return self._plan(name, tuple(selection), None)
@@ -179,7 +179,7 @@ class Analysis:
         self, name: str, per_block: tuple[int, ...], layouts: dict[str, DimAxes] | None
     ) -> Plan:
         """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
-        a pruned space left out), priced by compiling the whole step under it."""
+        a restricted run left out), priced by compiling the whole step under it."""
         documents = [
             {
                 "label": i.label,
@@ -382,7 +382,6 @@ def analyze(
     free_axes: bool = False,
     arg_roles: ArgRoles | None = None,
     budget: int = DEFAULT_PROFILING_BUDGET,
-    prune: bool = False,
     workers: int | None = None,
     progress: bool = True,
     only: Callable[[str, str, str], bool] | None = None,
@@ -390,6 +389,8 @@ def analyze(
     """Trace `step(*args)`, build ParallelBlocks and their strategies on `mesh`, segment the
     block sequence and (unless `profile=False`) profile every unique segment configuration and
     boundary with `backend` priced on `platform`. `cache=None` keeps nothing on disk.
+    `budget` caps the configurations of one unique segment: a type over it is cut at its block
+    boundaries into smaller types (a block alone over it is refused, naming the block).
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
     it accepts, for a quick look at part of the space."""
     from explorer.platforms import Platform, load_platform
@@ -399,7 +400,7 @@ def analyze(
     graph = trace(step, *args, arg_roles=arg_roles)
     _check_platform_peaks(graph, target)
     blocks = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
-    segments = build_segments(graph, blocks)
+    segments = build_segments(graph, blocks, cap=budget)
     analysis = Analysis(graph, blocks, segments, spec, step, tuple(args), target, backend)
     if not profile:
         return analysis
@@ -416,7 +417,6 @@ def analyze(
             backend=backend,
             cache=store,
             budget=budget,
-            prune=prune,
             workers=workers,
             progress=progress,
             only=only,

@@ -817,31 +817,8 @@ def check_profiling_budget(
             raise ProfilingBudgetError(
                 f"segment type {type_id} ({unique.label!r}, {unique.block_count} blocks, first "
                 f"instance {instance.label!r}) has {configurations} configurations ({sizes}), "
-                f"over the profiling budget of {budget}. Profile a pruned sub-space instead "
-                f"(prune=True: {len(pruned_configs(instance, analysis))} configurations, each "
-                "adjacent pair of blocks varied with the others at their best strategy), or "
-                "raise the budget."
+                f"over the profiling budget of {budget}: these segments were cut for a larger "
+                f"cap. Build them with this budget as their cap (build_segments(..., "
+                f"cap={budget}), as analyze does) so the type is split at its blocks, or raise "
+                "the budget."
             )
-
-
-def pruned_configs(
-    instance: SegmentInstance, analysis: BlockAnalysis, best: tuple[int, ...] | None = None
-) -> tuple[tuple[int, ...], ...]:
-    """Configurations varying each adjacent pair of blocks, the rest fixed at `best`.
-
-    With `best` from a previous round of profiling this is one sweep of the paper's pairwise
-    pruning; the default starts every block at its first strategy.
-    """
-    sizes = [len(analysis.blocks[b].strategies) for b in instance.blocks]
-    base = best if best is not None else tuple(0 for _ in sizes)
-    found: dict[tuple[int, ...], None] = {base: None}
-    if len(sizes) == 1:
-        for choice in range(sizes[0]):
-            found[(choice,)] = None
-    for i in range(len(sizes) - 1):
-        for a in range(sizes[i]):
-            for b in range(sizes[i + 1]):
-                config = list(base)
-                config[i], config[i + 1] = a, b
-                found[tuple(config)] = None
-    return tuple(found)

@@ -152,7 +152,6 @@ def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]
         mesh=mesh,
         cache=SHARED_CACHE,
         progress=False,
-        prune=True,
         only=lambda kind, label, config: kind == "reshard" or config in wanted,
     )
     plans = [analysis.plan()] + [analysis.baseline(b) for b in ("dp", "megatron", "fsdp")]

@@ -17,13 +17,14 @@ from explorer.errors import ProfilingBudgetError
 from explorer.ir import BlockAnalysis, Config, Graph, Segmentation
 from explorer.layouts import instance_dependencies
 from explorer.mesh import make_mesh, mesh_spec
+from explorer.platforms import load_platform
 from explorer.profile.hlo import parse_collectives
+from explorer.profile.runner import profile_all
 from explorer.realize import reshard_program, segment_program
 from explorer.segments import (
     build_segments,
     check_profiling_budget,
     program_count,
-    pruned_configs,
 )
 from explorer.space import (
     boundary_moves,
@@ -243,8 +244,23 @@ def test_a_block_alone_over_the_budget_is_refused_with_its_count() -> None:
     segmentation = build_segments(graph, analysis, cap=2)  # every block has 3 strategies
     with pytest.raises(ProfilingBudgetError, match=r"alone has 3 strategies.*budget of 2"):
         check_profiling_budget(segmentation, analysis, budget=2)
-    pruned = pruned_configs(segmentation.instances[1], analysis)
-    assert 1 < len(pruned) < 81
+
+
+def test_analyze_cuts_segments_at_its_profiling_budget() -> None:
+    """`analyze(budget=)` is the cap segments are cut for: GPT's layer (81 configurations)
+    comes out in parts of at most 27, and profiling a space cut for a larger cap is refused
+    before anything compiles, naming the type and how to cut it."""
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2), abstract=True)
+    analysis = ex.analyze(step, *args, mesh=(4,), profile=False, budget=27)
+    count = analysis.program_counts
+    assert max(n for _, n in count.per_type) <= 27
+    assert any("split over the configuration cap" in n for n in analysis.segments.notes)
+    wide = ex.analyze(step, *args, mesh=(4,), profile=False)  # cut for the default cap
+    with pytest.raises(ProfilingBudgetError, match=r"81 configurations.*cap=27"):
+        profile_all(
+            wide.graph, wide.block_analysis, wide.segments, wide.mesh,
+            platform=load_platform("a100-pcie-8"), budget=27, progress=False,
+        )  # fmt: skip
 
 
 def test_layer_boundaries_carry_the_activation_and_its_cotangent() -> None:

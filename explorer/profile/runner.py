@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import pandas as pd
 
-from explorer.errors import ExplorerError, ProfilingBudgetError
+from explorer.errors import ExplorerError
 from explorer.ir import BlockAnalysis, Graph, Segmentation, SegmentInstance
 from explorer.layouts import (
     CONTEXT_SEPARATOR,
@@ -60,7 +60,7 @@ from explorer.profile.backends import (
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
 from explorer.profile.hlo import Collective, CollectiveKind
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
-from explorer.segments import DEFAULT_PROFILING_BUDGET, pruned_configs
+from explorer.segments import DEFAULT_PROFILING_BUDGET, check_profiling_budget
 from explorer.space import (
     boundary_moves,
     changed_moves,
@@ -120,7 +120,6 @@ def profile_all(
     backend: Backend | str = Backend.COMPILED,
     cache: ProfileCache | None = None,
     budget: int = DEFAULT_PROFILING_BUDGET,
-    prune: bool = False,
     workers: int | None = None,
     progress: bool = True,
     only: Callable[[str, str, str], bool] | None = None,
@@ -152,18 +151,12 @@ def profile_all(
     priced = itertools.count(1)
     tick = None if on_program is None else (lambda: on_program(next(priced)))
     # A selection bounds the work by itself: it picks from the full space, no budget applies.
-    pruned_types = {} if only is not None else _over_budget(segmentation, analysis, budget, prune)
-    first_round = list(context.segment_jobs(pruned_types)) + list(context.reshard_jobs())
+    if only is None:
+        check_profiling_budget(segmentation, analysis, budget)
+    first_round = list(context.segment_jobs()) + list(context.reshard_jobs())
     if only is not None:  # a configuration with a context is selected by its own part
         first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]
     rows += _run(first_round, context, cache, workers, progress, tick=tick)
-    for type_id in pruned_types:  # second sweep: pairs around the best of the first
-        best = _best_choices(rows, type_id)
-        if best is not None:
-            jobs = list(context.segment_jobs({type_id: best}, only=type_id))
-            seen = {(r["segment"], r["choices"]) for r in rows}
-            jobs = [j for j in jobs if (j.segment, j.choices) not in seen]
-            rows += _run(jobs, context, cache, workers, progress, tick=tick)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -177,40 +170,6 @@ def own_config(config: str) -> str:
     """A segment configuration's name without the strategies of the blocks it depends on
     (`"- | head:M@x"` -> `"-"`)."""
     return config.split(CONTEXT_SEPARATOR, maxsplit=1)[0]
-
-
-def _over_budget(
-    segmentation: Segmentation, analysis: BlockAnalysis, budget: int, prune: bool
-) -> dict[int, tuple[int, ...] | None]:
-    over: dict[int, tuple[int, ...] | None] = {}
-    for unique in segmentation.unique:
-        instance = next(i for i in segmentation.instances if i.unique_id == unique.id)
-        count = math.prod(len(analysis.blocks[b].strategies) for b in instance.blocks)
-        if count <= budget:
-            continue
-        if not prune:
-            raise ProfilingBudgetError(
-                f"segment type {unique.id} ({unique.label!r}, first instance "
-                f"{instance.label!r}) has {count} configurations, over the profiling budget of "
-                f"{budget}. Pass prune=True to profile a pruned sub-space "
-                f"({len(pruned_configs(instance, analysis))} configurations per sweep: each "
-                "adjacent pair of blocks varied, the others at their best strategy), or raise "
-                "budget="
-            )
-        over[unique.id] = None
-    return over
-
-
-def _best_choices(rows: list[dict[str, Any]], type_id: int) -> tuple[int, ...] | None:
-    done = [
-        r
-        for r in rows
-        if r["kind"] == "segment" and r["segment"] == type_id and r["status"] == "ok"
-    ]
-    if not done:
-        return None
-    best: tuple[int, ...] = min(done, key=lambda r: r["t_total"])["choices"]
-    return best
 
 
 @dataclass
@@ -252,20 +211,13 @@ class _Context:
             extra=extra,
         )
 
-    def segment_jobs(
-        self, pruned: dict[int, tuple[int, ...] | None], only: int | None = None
-    ) -> Iterator[_Job]:
+    def segment_jobs(self) -> Iterator[_Job]:
         blocks = self.analysis.blocks
         for unique in self.segmentation.unique:
-            if only is not None and unique.id != only:
-                continue
             instance = self.first[unique.id]
-            if unique.id in pruned:
-                space = pruned_configs(instance, self.analysis, pruned[unique.id])
-            else:
-                space = tuple(
-                    itertools.product(*(range(len(blocks[b].strategies)) for b in instance.blocks))
-                )
+            space = tuple(
+                itertools.product(*(range(len(blocks[b].strategies)) for b in instance.blocks))
+            )
             depends = self.dependencies[instance.index]
             contexts = tuple(
                 itertools.product(*(range(len(blocks[b].strategies)) for b in depends))
