@@ -167,10 +167,12 @@ def test_the_program_count_does_not_grow_with_the_scan_length(kind: str) -> None
         twins = loop_twins(analysis.graph, analysis.blocks)
         assert twins[: layers * per_layer] == tuple(range(per_layer)) * layers
     # the segment programs are the same at every length; from 3 layers on so is every
-    # boundary (2 layers have no boundary between two instances of the middle layer's type)
+    # boundary (2 layers have no boundary between two instances of the middle layer's type:
+    # the MLP's moves something no other boundary does, 24 programs at 2 layers and 27 from
+    # 3; the decoder's moves nothing new, 512 at every length)
     assert counts[2].segment_programs == counts[3].segment_programs == counts[4].segment_programs
-    assert counts[3].total == counts[4].total
-    assert counts[4].total < {"mlp": 40, "decoder": 600}[kind]  # was 756 and 236,370
+    assert counts[2].total <= counts[3].total == counts[4].total
+    assert counts[4].total <= {"mlp": 27, "decoder": 512}[kind]  # was 756 and 236,370
 
 
 def test_a_later_iteration_is_profiled_with_the_stacked_parameters_a_uniform_plan_places() -> None:
