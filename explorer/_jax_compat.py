@@ -20,7 +20,7 @@ import numpy as np
 from jax._src import core as jax_core
 from jax._src import source_info_util
 
-from explorer.errors import GENERIC_HINT, UnsupportedPrimitiveError
+from explorer.errors import GENERIC_HINT, LOOP_HINT, UnsupportedPrimitiveError
 
 # Primitives whose body is a jaxpr we can splice into the parent: they add no semantics
 # beyond "call this function" for the purpose of sharding analysis. `remat2` loses its
@@ -50,13 +50,6 @@ SCAN_TOO_LARGE_HINT = (
     "Unrolling it for the analysis would make more than {limit} primitive ops (the scan has "
     "{length} iterations of {size} ops each). Trace a shallower copy of the model (fewer "
     "layers: the plan's per-layer choices do not depend on depth), or split the scan."
-)
-
-LOOP_HINT = (
-    "A loop whose trip count is known only at run time (`while_loop`, `fori_loop` with traced "
-    "bounds) or a branch (`cond`/`switch`) hides the repeated layers from the analysis: loop "
-    "over layers with `jax.lax.scan` (or `fori_loop` with static bounds) or a Python `for` "
-    "loop, and replace `lax.cond`/`lax.switch` by `jnp.where` or a Python `if` on static values."
 )
 
 SCAN_EMPTY_HINT = (

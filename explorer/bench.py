@@ -245,7 +245,52 @@ def accuracy(run: Run) -> None:
     for case in run.settings.accuracy:
         _accuracy_case(run, case, platform, "compiled", run.settings.plans_per_case)
     for case in run.settings.measured:
-        _accuracy_case(run, case, "cpu-local", "measured", run.settings.measured_plans)
+        _measured_in_child(run, case)
+
+
+# The measured backend times the step on the devices JAX sees, which must be the mesh's: a
+# child process gets exactly that many CPU devices (this one may have more, for 8-device cases).
+_MEASURED_CHILD = """
+import json, sys
+from pathlib import Path
+from explorer import bench
+fields = json.loads(sys.argv[1])
+case = bench.Case(**{**fields, "mesh": tuple(fields["mesh"])})
+run = bench.Run(bench.full_settings(), Path(sys.argv[2]), Path(sys.argv[3]), print)
+run.checkpoint = lambda: None  # the parent writes the report
+bench._accuracy_case(run, case, "cpu-local", "measured", int(sys.argv[4]))
+Path(sys.argv[5]).write_text(json.dumps({"rows": run.accuracy, "failures": run.failures}))
+"""
+
+
+def _measured_in_child(run: Run, case: Case) -> None:
+    import json
+    import subprocess
+    import sys
+
+    devices = math.prod(case.mesh)
+    flags = os.environ.get("XLA_FLAGS", "")
+    flags = " ".join(f for f in flags.split() if "xla_force_host_platform_device_count" not in f)
+    env = {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}"}
+    fields = {"model": case.model, "preset": case.preset, "mesh": list(case.mesh),
+              "batch": case.batch, "layers": case.layers, "abstract": case.abstract}  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:
+        result = Path(scratch) / "result.json"
+        command = [sys.executable, "-c", _MEASURED_CHILD, json.dumps(fields), scratch,
+                   str(run.cache), str(run.settings.measured_plans), str(result)]  # fmt: skip
+        try:
+            subprocess.run(command, env=env, check=True, timeout=3600, capture_output=True)
+            found = json.loads(result.read_text())
+        except (subprocess.SubprocessError, OSError, ValueError) as err:
+            detail = getattr(err, "stderr", b"") or b""
+            tail = detail.decode(errors="replace").strip().splitlines()[-1:] if detail else []
+            run.failed(f"accuracy {case.label} (measured, child process)", RuntimeError(
+                f"{type(err).__name__}: {err}" + (f" ({tail[0]})" if tail else "")))  # fmt: skip
+            return
+    run.accuracy.extend(found["rows"])
+    run.failures.extend(found["failures"])
+    run.log(f"   {case.label} (measured): {len(found['rows'])} plans, in a child process")
+    run.checkpoint()
 
 
 def _accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int) -> None:

@@ -46,10 +46,11 @@ UNSUPPORTED_PRIMITIVE = (
     "primitive ops. {hint}"
 )
 
-CONTROL_FLOW_HINT = (
-    "Control flow hides the repeated layers from the analysis: unroll layers with a Python "
-    "`for` loop instead of `jax.lax.scan`/`fori_loop`, and replace `lax.cond`/`lax.switch` by "
-    "`jnp.where` or a Python `if` on static values."
+LOOP_HINT = (
+    "A loop whose trip count is known only at run time (`while_loop`, `fori_loop` with traced "
+    "bounds) or a branch (`cond`/`switch`) hides the repeated layers from the analysis: loop "
+    "over layers with `jax.lax.scan` (or `fori_loop` with static bounds) or a Python `for` "
+    "loop, and replace `lax.cond`/`lax.switch` by `jnp.where` or a Python `if` on static values."
 )
 
 GENERIC_HINT = (

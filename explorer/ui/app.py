@@ -260,7 +260,7 @@ class Explorer(widgets.VBox):
             s = self.session
             if s.plan is None and s.choice is not None and s.analysis is not None:
                 s.plan = s.analysis.plan(
-                    memory_budget=s.budget, pins=dict(s.pins) or None, uniform=s.uniform
+                    memory_budget=s.budget, pins=dict(s.pins) or None, uniform=s.uniform or None
                 )
             return s.plan
 
@@ -596,7 +596,10 @@ class Explorer(widgets.VBox):
             return s.analysis.frontier
         key = (tuple(sorted(s.pins.items())), s.uniform)
         if s.pinned is None or s.pinned[0] is not s.analysis or s.pinned[1:3] != key:
-            s.pinned = (s.analysis, *key, s.analysis.frontier_for(dict(s.pins), s.uniform))
+            # unticked means the engine's default: uniform anyway for a step with a scan,
+            # whose applied loop shares one configuration across its iterations
+            frontier = s.analysis.frontier_for(dict(s.pins), s.uniform or None)
+            s.pinned = (s.analysis, *key, frontier)
         frontier: Frontier = s.pinned[3]
         return frontier
 
