@@ -598,8 +598,8 @@ class Explorer(widgets.VBox):
         if s.pinned is None or s.pinned[0] is not s.analysis or s.pinned[1:3] != key:
             # unticked means the engine's default: uniform anyway for a step with a scan,
             # whose applied loop shares one configuration across its iterations
-            frontier = s.analysis.frontier_for(dict(s.pins), s.uniform or None)
-            s.pinned = (s.analysis, *key, frontier)
+            solved = s.analysis.frontier_for(dict(s.pins), s.uniform or None)
+            s.pinned = (s.analysis, *key, solved)
         frontier: Frontier = s.pinned[3]
         return frontier
 
