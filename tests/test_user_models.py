@@ -173,8 +173,9 @@ def test_every_dense_layer_and_conv_heads_a_block(name: str) -> None:
     layers = _layers(graph)
     heads = {block.head for block in analysis.blocks}
     assert [op.id for op in layers] == sorted(heads)
-    # 6 per decoder layer (q, k, v, out, MLP in and out) and the LM head; 3 convs and a head
-    assert len(layers) == (4 if name == "cnn" else 13)
+    # 6 per decoder layer (q, k, v, out, MLP in and out) and the LM head; 3 convs and a head;
+    # 2 per scanned MLP layer and the head
+    assert len(layers) == {"cnn": 4, "linen_scan": 5}.get(name, 13)
     # the attention's own contractions (scores, weighted values) join a block too
     forward = [op for op in graph.contractions() if op.role is Role.FORWARD]
     assert all(analysis.block_of_op[op.id] is not None for op in forward)

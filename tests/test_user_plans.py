@@ -1,6 +1,6 @@
-"""Training steps written with Flax (linen, remat, NNX, TrainState) and Equinox, and a Flax
-CNN, profiled with the `compiled` backend on mesh 4 and 2x2: the plan the explorer chooses
-applies to the user's own step and computes what the unsharded step computes.
+"""Training steps written with Flax (linen, remat, `nn.scan`, NNX, TrainState) and Equinox,
+and a Flax CNN, profiled with the `compiled` backend on mesh 4 and 2x2: the plan the explorer
+chooses applies to the user's own step and computes what the unsharded step computes.
 
 "The same numbers" means what plain data parallelism (`jax.jit` with the batch split by a
 `NamedSharding`) reproduces: both are compared on the second AdamW step at rtol = atol =

@@ -1,5 +1,5 @@
-"""Small training steps written as users write them: Flax linen and NNX, Equinox, a Flax
-`TrainState`, a Flax CNN, each with optax AdamW.
+"""Small training steps written as users write them: Flax linen (a loop, `nn.remat`,
+`nn.scan`) and NNX, Equinox, a Flax `TrainState`, a Flax CNN, each with optax AdamW.
 
 Every builder returns a `UserStep`: the step, its example arguments and how many parameter
 leaves it has (what the explorer must classify as parameters without hints). Sizes are tiny
@@ -87,6 +87,40 @@ def linen_decoder(*, remat: bool = False, layers: int = LAYERS) -> UserStep:
     """A Python loop of self-attention (`nn.MultiHeadDotProductAttention`) and `nn.Dense`
     blocks, each `nn.remat`-wrapped if asked."""
     model = LinenDecoder(remat=remat, layers=layers)
+    tokens = _tokens()
+    params = model.init(jax.random.PRNGKey(0), tokens)
+    return _linen_step(model, params, (tokens,), lambda logits, b: _next_token_loss(logits, b[0]))
+
+
+class _ScannedBlock(nn.Module):
+    """Pre-norm residual MLP, `(carry, x) -> (carry, None)` as `nn.scan` wants."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _: Any) -> tuple[jax.Array, None]:
+        h = nn.LayerNorm()(x)
+        return x + nn.Dense(WIDTH)(nn.gelu(nn.Dense(4 * WIDTH)(h))), None
+
+
+class LinenScanned(nn.Module):
+    layers: int = LAYERS
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        stack = nn.scan(
+            _ScannedBlock,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            length=self.layers,
+        )
+        x, _ = stack(name="layers")(x, None)
+        return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+
+def linen_scanned(layers: int = LAYERS) -> UserStep:
+    """`nn.scan` over residual MLP layers (`nn.LayerNorm`, `nn.Dense`): the layer stack is
+    one loop whose parameters are stacked."""
+    model = LinenScanned(layers)
     tokens = _tokens()
     params = model.init(jax.random.PRNGKey(0), tokens)
     return _linen_step(model, params, (tokens,), lambda logits, b: _next_token_loss(logits, b[0]))
@@ -279,6 +313,7 @@ BUILDERS: dict[str, Callable[[], UserStep]] = {
     "equinox": eqx_decoder,
     "train_state": flax_train_state,
     "cnn": linen_cnn,
+    "linen_scan": linen_scanned,
 }
 
 # the decoders at any depth (the CNN has no layers to repeat)
