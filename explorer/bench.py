@@ -256,8 +256,8 @@ from pathlib import Path
 from explorer import bench
 fields = json.loads(sys.argv[1])
 case = bench.Case(**{**fields, "mesh": tuple(fields["mesh"])})
+# its checkpoints go to the parent's scratch folder: the parent writes the report
 run = bench.Run(bench.full_settings(), Path(sys.argv[2]), Path(sys.argv[3]), print)
-run.checkpoint = lambda: None  # the parent writes the report
 bench._accuracy_case(run, case, "cpu-local", "measured", int(sys.argv[4]))
 Path(sys.argv[5]).write_text(json.dumps({"rows": run.accuracy, "failures": run.failures}))
 """
@@ -282,10 +282,9 @@ def _measured_in_child(run: Run, case: Case) -> None:
             subprocess.run(command, env=env, check=True, timeout=3600, capture_output=True)
             found = json.loads(result.read_text())
         except (subprocess.SubprocessError, OSError, ValueError) as err:
-            detail = getattr(err, "stderr", b"") or b""
-            tail = detail.decode(errors="replace").strip().splitlines()[-1:] if detail else []
-            run.failed(f"accuracy {case.label} (measured, child process)", RuntimeError(
-                f"{type(err).__name__}: {err}" + (f" ({tail[0]})" if tail else "")))  # fmt: skip
+            detail = (getattr(err, "stderr", b"") or b"").decode(errors="replace").strip()
+            last = detail.splitlines()[-1] if detail else f"{type(err).__name__}: {err}"
+            run.failed(f"accuracy {case.label} (measured, child process)", RuntimeError(last))
             return
     run.accuracy.extend(found["rows"])
     run.failures.extend(found["failures"])
@@ -561,7 +560,7 @@ def overhead(run: Run) -> None:
                     )  # fmt: skip
                     row["profile_s"] = time.perf_counter() - start
             row["programs"] = distinct_programs(table)
-            row["from_cache"] = int(table["cached"].sum())
+            row["from_cache"] = int(table.loc[table["cached"], "program"].nunique())
             start = time.perf_counter()
             dependencies = instance_dependencies(graph, blocks, segments, mesh)
             frontier = solve_frontier(build_cost_model(segments, table, dependencies))
