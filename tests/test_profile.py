@@ -251,7 +251,8 @@ def test_measured_mode_refuses_a_mesh_larger_than_the_devices() -> None:
 
 
 def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
-    """Eight virtual CPU devices: real runs, and the dynamic limit records what it cut."""
+    """Eight virtual CPU devices: real runs, and the dynamic limit records what it cut. A
+    resharding is never cut: its neighbours' strategies force it, it does not compete."""
     step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
     graph = ex.trace(step, *args)
     spec = mesh_spec((8,))
@@ -266,14 +267,20 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
         backend="measured",
         progress=False,
         workers=1,
-        only=lambda kind, label, config: label == "layer" and config in chosen,
+        only=lambda kind, label, config: (
+            (label == "layer" and config in chosen) or label == "layer->head"
+        ),
         time_limit_factor=1e-9,  # anything after the first is "hopeless"
     )
-    assert sorted(table["config"]) == sorted(chosen)
-    first, *rest = table.to_dict("records")
+    segments = table[table["kind"] == "segment"]
+    assert sorted(segments["config"]) == sorted(chosen)
+    first, *rest = segments.to_dict("records")
     assert first["status"] == "ok" and first["t_comm"] + first["t_comp"] > 0
     for row in rest:
         assert row["status"] == "infeasible" and "dynamic limit" in row["reason"]
+    reshards = table[table["kind"] == "reshard"]
+    assert reshards["program"].replace("", None).nunique() >= 2
+    assert (reshards["status"] == "ok").all(), reshards["reason"].tolist()
 
 
 # -- cache: a killed run resumes ----------------------------------------------------------------

@@ -423,7 +423,10 @@ def _finish(
     try:
         built, compiled, compile_seconds = future.result()
         if context.backend is Backend.MEASURED:
-            limit = best.get(job.segment)
+            # a segment's configurations compete, so a hopeless one is abandoned; a resharding
+            # is forced by its neighbours' choices, so it is always timed to the end
+            competing = job.kind == "segment"
+            limit = best.get(job.segment) if competing else None
             profile = measure(
                 compiled,
                 built.program.inputs,
@@ -434,7 +437,8 @@ def _finish(
                 time_limit=None if limit is None else context.time_limit_factor * limit,
             )
             total = profile.t_comm + profile.t_comp
-            best[job.segment] = min(best.get(job.segment, total), total)
+            if competing:
+                best[job.segment] = min(best.get(job.segment, total), total)
         else:
             profile = price_compiled(
                 compiled,
