@@ -370,17 +370,25 @@ def reshard_signature(
     )
 
 
+def pair_boundaries(segmentation: Segmentation) -> dict[tuple[int, int], int]:
+    """Per pair of consecutive types (before, after), the first boundary between them: every
+    boundary of a pair moves the same tensors, so that one stands for all."""
+    first: dict[tuple[int, int], int] = {}
+    for boundary, (before, after) in enumerate(itertools.pairwise(segmentation.instances)):
+        first.setdefault((before.unique_id, after.unique_id), boundary)
+    return first
+
+
 def reshard_signatures(
     graph: Graph, blocks: tuple[ParallelBlock, ...], segmentation: Segmentation
 ) -> dict[tuple[int, int], dict[tuple[int, int], ReshardSignature]]:
     """Per pair of consecutive types (before, after), per strategy pair (last block of the
     one, first block of the other), what resharding between them moves, read at the pair's
-    first boundary (every boundary of a pair moves the same tensors)."""
+    first boundary (`pair_boundaries`)."""
     found: dict[tuple[int, int], dict[tuple[int, int], ReshardSignature]] = {}
-    for boundary, (before, after) in enumerate(itertools.pairwise(segmentation.instances)):
-        pair = (before.unique_id, after.unique_id)
-        if pair in found:
-            continue
+    for pair, boundary in pair_boundaries(segmentation).items():
+        before = segmentation.instances[boundary]
+        after = segmentation.instances[boundary + 1]
         lasts = range(len(blocks[before.blocks[-1]].strategies)) if before.blocks else [0]
         firsts = range(len(blocks[after.blocks[0]].strategies)) if after.blocks else [0]
         found[pair] = {

@@ -47,13 +47,16 @@ class _Layer(nn.Module):
 
 
 class ScannedDecoder(nn.Module):
+    """Embedding, `nn.scan` over `layers` copies of `layer`, final LayerNorm and head."""
+
     layers: int = 2
+    layer: type[nn.Module] = _Layer
 
     @nn.compact
     def __call__(self, tokens: jax.Array) -> jax.Array:
         x = nn.Embed(VOCAB, WIDTH)(tokens)
         stack = nn.scan(
-            _Layer,
+            self.layer,
             variable_axes={"params": 0},
             split_rngs={"params": True},
             length=self.layers,

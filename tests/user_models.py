@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from flax.training import train_state
+from scan_models import ScannedDecoder
 
 LAYERS, WIDTH, HEADS, VOCAB, SEQ, BATCH = 2, 64, 4, 128, 16, 8
 LEARNING_RATE = 1e-3
@@ -101,26 +102,10 @@ class _ScannedBlock(nn.Module):
         return x + nn.Dense(WIDTH)(nn.gelu(nn.Dense(4 * WIDTH)(h))), None
 
 
-class LinenScanned(nn.Module):
-    layers: int = LAYERS
-
-    @nn.compact
-    def __call__(self, tokens: jax.Array) -> jax.Array:
-        x = nn.Embed(VOCAB, WIDTH)(tokens)
-        stack = nn.scan(
-            _ScannedBlock,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            length=self.layers,
-        )
-        x, _ = stack(name="layers")(x, None)
-        return nn.Dense(VOCAB)(nn.LayerNorm()(x))
-
-
 def linen_scanned(layers: int = LAYERS) -> UserStep:
     """`nn.scan` over residual MLP layers (`nn.LayerNorm`, `nn.Dense`): the layer stack is
     one loop whose parameters are stacked."""
-    model = LinenScanned(layers)
+    model = ScannedDecoder(layers, layer=_ScannedBlock)
     tokens = _tokens()
     params = model.init(jax.random.PRNGKey(0), tokens)
     return _linen_step(model, params, (tokens,), lambda logits, b: _next_token_loss(logits, b[0]))

@@ -64,6 +64,7 @@ from explorer.segments import DEFAULT_PROFILING_BUDGET, check_profiling_budget
 from explorer.space import (
     boundary_moves,
     changed_moves,
+    pair_boundaries,
     reshard_signatures,
     segment_input_layouts,
 )
@@ -286,16 +287,12 @@ class _Context:
         same tensors the same way share a program key (one compile, `_run`); where nothing
         moves, the job is free."""
         blocks = self.analysis.blocks
-        instances = self.segmentation.instances
-        first_boundary: dict[tuple[int, int], int] = {}
-        for boundary in range(len(instances) - 1):
-            pair = (instances[boundary].unique_id, instances[boundary + 1].unique_id)
-            first_boundary.setdefault(pair, boundary)
+        instances, unique = self.segmentation.instances, self.segmentation.unique
+        first_boundary = pair_boundaries(self.segmentation)
         signatures = reshard_signatures(self.graph, blocks, self.segmentation)
         for pair, table in signatures.items():
             boundary = first_boundary[pair]
             before, after = instances[boundary], instances[boundary + 1]
-            unique = self.segmentation.unique
             label = f"{unique[pair[0]].label}->{unique[pair[1]].label}"
             for (last, first), signature in table.items():
                 name_last = (
