@@ -11,17 +11,26 @@ ops (shapes, dimension numbers, how each role's split lands on their results, wh
 feeds which through which operand) plus the multiset of non-trivial primitives (reductions,
 gathers, RNG) that change communication under a fixed configuration. Elementwise and layout ops
 are left out, so an extra residual add does not make a new type.
+
+A `scan` the tracer unrolled keeps its iterations apart: each iteration's ops (its norm too,
+though it reads the previous iteration's residual) stay in its own segment, ops outside the
+scan never join one, and the updates of the parameters the scan reads (stacked, one slice per
+iteration) form segments of their own, one per block deciding their layout. Every iteration
+then holds the same ops, so the program count does not grow with the scan's length.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import heapq
 import itertools
 import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from explorer import affine
 from explorer.errors import ProfilingBudgetError
@@ -80,11 +89,18 @@ def _segmentation(
         for op_id in group.forward_ops:
             segment_of_op[op_id] = index
     guessed = _assign_backward(graph, groups, segment_of_op)
-    _assign_optimizer(graph, segment_of_op)
-    _join_gradient_tails(graph, guessed, segment_of_op)
+    _keep_guesses_in_iterations(graph, guessed, segment_of_op)
+    collector = {vid: index for index, group in enumerate(groups) for vid in group.collects}
+    _assign_optimizer(graph, segment_of_op, collector)
+    _join_gradient_tails(graph, guessed, segment_of_op, set(collector.values()))
     resolved = [0 if s is None else s for s in segment_of_op]
 
-    prints = [_fingerprint(graph, analysis, group, resolved, i) for i, group in enumerate(groups)]
+    boundaries = _boundaries(graph, resolved, len(groups))
+    # whether an instance's backward sends a cotangent to the instance before: a first
+    # layer reading the step's data makes none, so its program lacks the input-gradient
+    # matmul (and its all-reduce) every later layer runs, and is not theirs to price
+    sends_back = [False] + [bool(b.backward) for b in boundaries]
+    prints = [_fingerprint(graph, analysis, group, sends_back[i]) for i, group in enumerate(groups)]
     type_of: dict[str, int] = {}
     for fingerprint in prints:
         type_of.setdefault(fingerprint, len(type_of))
@@ -120,7 +136,7 @@ def _segmentation(
     return Segmentation(
         instances=instances,
         unique=unique,
-        boundaries=_boundaries(graph, resolved, len(instances)),
+        boundaries=boundaries,
         segment_of_op=tuple(resolved),
         method=method,
         notes=tuple(notes),
@@ -133,6 +149,10 @@ class _Group:
     forward_ops: list[int]
     blocks: list[int]
     part: int = 0  # 1, 2, ... for the parts of a group split over the configuration cap
+    # a scan's update segment: the parameters the scan reads, whose updates (and gradient
+    # assembly) no single iteration owns
+    collects: frozenset[int] = field(default_factory=frozenset)
+    decider: int | None = None  # the block that decides the layout of what it collects
 
 
 # -- grouping -------------------------------------------------------------------------------
@@ -202,7 +222,9 @@ def _structural_groups(
         for k, members in enumerate(pieces):
             parts.append((members, k + 1 if len(pieces) > 1 else 0))
     part_of_block = {b: n for n, (members, _) in enumerate(parts) for b in members}
-    owner = _owners(graph, analysis, [op.id for op in forward], part_of_block, len(parts))
+    loops = _aligned_loops(graph, analysis, [members for members, _ in parts])
+    forward_ids = [op.id for op in forward]
+    owner = _owners(graph, analysis, forward_ids, part_of_block, len(parts), loops=loops)
     groups = [
         _Group(_span_label(graph, blocks, members, part), [], members, part)
         for members, part in parts
@@ -213,11 +235,121 @@ def _structural_groups(
         found = owner[op.id]
         target = prefix if found == _PREFIX else tail if found == _TAIL else groups[found]
         target.forward_ops.append(op.id)
+    updates = [
+        _Group(f"{loop_label} update", [], [], collects=params, decider=block)
+        for aligned in loops
+        for loop_label in [groups[aligned.first].label.partition(" part ")[0]]
+        for block, params in _read_in_loop(graph, analysis, aligned.loop)
+    ]
     if prefix.forward_ops:
         groups.insert(0, prefix)
     if tail.forward_ops:
         groups.append(tail)
-    return groups
+    return groups + updates
+
+
+@dataclass(frozen=True, slots=True)
+class _AlignedLoop:
+    """A scan whose iterations (in execution order) are consecutive runs of `width` parts,
+    the first iteration's from part `first`."""
+
+    loop: Any  # _jax_compat.LoopRegion
+    first: int
+    width: int
+    stops: tuple[int, ...]  # where each iteration's body ends, in execution order
+
+    @property
+    def stop(self) -> int:
+        return self.first + self.width * self.loop.length
+
+    def position(self, op_id: int) -> int | None:
+        """The iteration (in execution order) whose body holds `op_id`, or whose slicing
+        precedes it; None outside the loop and for the stacking after its last iteration."""
+        if not self.loop.start <= op_id < self.stops[-1]:
+            return None
+        return bisect.bisect_right(self.stops, op_id)
+
+
+def _aligned_loops(
+    graph: Graph, analysis: BlockAnalysis, parts: list[list[int]]
+) -> tuple[_AlignedLoop, ...]:
+    """The scans whose iterations are the parts: every part holding a block of the scan's
+    body lies in one iteration, and iteration k holds parts first + k*width onwards."""
+    found = []
+    for loop in sorted(graph.loops, key=lambda loop: loop.depth):
+        where: dict[int, set[int | None]] = defaultdict(set)
+        for index, members in enumerate(parts):
+            for b in members:
+                at = loop.iteration_of(analysis.blocks[b].head)
+                where[index].add(at[0] if at else None)
+        inside = [i for i in range(len(parts)) if where[i] != {None}]
+        if not inside or any(None in where[i] or len(where[i]) != 1 for i in inside):
+            continue
+        first, length = inside[0], loop.length
+        if len(inside) % length or inside != list(range(first, first + len(inside))):
+            continue
+        width = len(inside) // length
+        if all(where[k] == {(k - first) // width} for k in inside):
+            stops = tuple(iteration.stop for iteration in loop.iterations)
+            found.append(_AlignedLoop(loop, first, width, stops))
+    return tuple(found)
+
+
+def _keep_in_iterations(
+    ops: list[int], owner: dict[int, int], loops: Sequence[_AlignedLoop], n: int
+) -> None:
+    """An op of iteration k of an aligned scan goes with iteration k's parts (a pre-norm
+    layer's norm reads the previous layer's residual, yet runs in this iteration's body); an
+    op outside the scan never joins an iteration: one before it goes with the part before the
+    scan, one after it with the part after (the final norm after the last layer), so that
+    every iteration, first and last too, holds the same ops."""
+    for aligned in loops:
+        for op_id in ops:
+            part = owner[op_id]
+            position = aligned.position(op_id)
+            if position is not None:
+                lo = aligned.first + position * aligned.width
+                owner[op_id] = min(max(part, lo), lo + aligned.width - 1)
+            elif aligned.first <= part < aligned.stop:
+                if op_id < aligned.loop.start:
+                    owner[op_id] = aligned.first - 1 if aligned.first > 0 else _PREFIX
+                else:
+                    owner[op_id] = aligned.stop if aligned.stop < n else _TAIL
+
+
+def _read_in_loop(
+    graph: Graph, analysis: BlockAnalysis, loop: Any
+) -> list[tuple[int | None, frozenset[int]]]:
+    """The parameters first read (forward) inside `loop` (stacked ones sliced per iteration,
+    shared ones every iteration reads), grouped by the block that first reads what is made
+    of them, which decides their layout: an Adam update is elementwise, so each group's
+    program depends on that block's strategy alone, not on the product of all of them."""
+    by_block: dict[int | None, set[int]] = defaultdict(set)
+    for value in graph.inputs_of_kind(ValueKind.PARAMETER):
+        readers = [u for u in graph.users(value.id) if graph.ops[u].role is Role.FORWARD]
+        if readers and loop.start <= min(readers) < loop.stop:
+            by_block[_first_block_reading(graph, analysis, value.id)].add(value.id)
+    order = sorted(by_block, key=lambda b: (b is None, b or 0))
+    return [(block, frozenset(by_block[block])) for block in order]
+
+
+def _first_block_reading(graph: Graph, analysis: BlockAnalysis, vid: int) -> int | None:
+    """The block of the earliest forward op (in program order) that reads `vid` or what is
+    computed from it; None when no block does."""
+    frontier = [u for u in graph.users(vid) if graph.ops[u].role is Role.FORWARD]
+    heapq.heapify(frontier)
+    seen = set(frontier)
+    while frontier:
+        op_id = heapq.heappop(frontier)
+        block = analysis.block_of_op[op_id]
+        if block is not None:
+            return block
+        for out in graph.ops[op_id].outputs:
+            for user in graph.users(out):
+                if user not in seen and graph.ops[user].role is Role.FORWARD:
+                    seen.add(user)
+                    heapq.heappush(frontier, user)
+    return None
 
 
 _PREFIX, _TAIL = -1, -2
@@ -231,6 +363,7 @@ def _owners(
     n: int,
     *,
     ends: bool = True,
+    loops: Sequence[_AlignedLoop] = (),
 ) -> dict[int, int]:
     """The part each forward op belongs to, so that repeated parts hold the same ops.
 
@@ -276,6 +409,7 @@ def _owners(
         first = min(readers, default=0)
         prefix = ends and from_data[op_id] and first in (0, _PREFIX)
         owner[op_id] = _PREFIX if prefix else max(first, 0)
+    _keep_in_iterations(ops, owner, loops, n)
     if ends and n >= 2:
         _split_off_the_loss(graph, ops, owner, n)
     return owner
@@ -491,9 +625,40 @@ def _assign_backward(
     return guessed
 
 
-def _join_gradient_tails(graph: Graph, guessed: set[int], segment_of_op: list[int | None]) -> None:
+def _keep_guesses_in_iterations(
+    graph: Graph, guessed: set[int], segment_of_op: list[int | None]
+) -> None:
+    """A guessed backward op in the body of an iteration of a scan stays among the segments
+    of that iteration's other backward ops (those placed with their forward op). Without
+    this a bias gradient (the sum of the cotangent a layer received) goes with the segment
+    that sent the cotangent: the next iteration's, or the head's for the last one, and the
+    iterations of one scan would differ."""
+    for loop in graph.loops:
+        for iteration in loop.iterations:
+            body = range(iteration.start, iteration.stop)
+            known = [
+                segment_of_op[o]
+                for o in body
+                if graph.ops[o].role is Role.BACKWARD and o not in guessed
+            ]
+            placed = [k for k in known if k is not None]
+            if not placed:
+                continue
+            lo, hi = min(placed), max(placed)
+            for o in body:
+                current = segment_of_op[o]
+                if o in guessed and current is not None:
+                    segment_of_op[o] = min(max(current, lo), hi)
+
+
+def _join_gradient_tails(
+    graph: Graph, guessed: set[int], segment_of_op: list[int | None], collectors: set[int]
+) -> None:
     """A guessed backward op whose results only make a parameter's gradient (read by that
     parameter's update, or by other such ops) joins the segment that updates the parameter.
+    A scan's update segment (one of `collectors`) also takes the stacking the tracer added
+    after the scan (outside every iteration's body): it assembles the stacked gradient from
+    the pieces each iteration made.
 
     The bias gradient of a norm (a sum of the cotangent its forward op received) has no
     forward op to follow; left with the op that made the cotangent, the norm's segment would
@@ -516,19 +681,25 @@ def _join_gradient_tails(graph: Graph, guessed: set[int], segment_of_op: list[in
         made = {segment_of_op[p] for v in op.inputs if (p := graph.values[v].producer) is not None}
         # joining must not make the owner read past its own backward boundary (a stacked
         # parameter's gradient gathers pieces from every iteration of a scan)
-        if owner is not None and made <= {owner, owner + 1}:
+        stacking = owner in collectors and not any(loop.iteration_of(op.id) for loop in graph.loops)
+        if owner is not None and (stacking or made <= {owner, owner + 1}):
             segment_of_op[op.id] = owner
             tails.add(op.id)
 
 
-def _assign_optimizer(graph: Graph, segment_of_op: list[int | None]) -> None:
-    """Each parameter's update goes with the segment that first reads the parameter."""
+def _assign_optimizer(
+    graph: Graph, segment_of_op: list[int | None], collector: Mapping[int, int]
+) -> None:
+    """Each parameter's update goes with the segment that first reads the parameter; one a
+    scan reads goes with the scan's update segment (`collector`), since every iteration
+    reads it."""
     owner_of_suffix: dict[tuple[str, tuple[int, ...]], int] = {}
     for value in graph.inputs_of_kind(ValueKind.PARAMETER):
         readers = [u for u in graph.users(value.id) if graph.ops[u].role is Role.FORWARD]
-        if readers and segment_of_op[readers[0]] is not None:
+        owner = collector.get(value.id)
+        if owner is None and readers:
             owner = segment_of_op[readers[0]]
-            assert owner is not None
+        if owner is not None:
             owner_of_suffix[(path_suffix(value.path), value.type.shape)] = owner
     pending: list[tuple[int, int]] = []
     for vid, path in zip(graph.outputs, graph.output_paths, strict=False):
@@ -603,11 +774,10 @@ def _feeding_dots(
     return tuple(sorted(found))
 
 
-def _fingerprint(
-    graph: Graph, analysis: BlockAnalysis, group: _Group, segment_of_op: list[int], index: int
-) -> str:
+def _fingerprint(graph: Graph, analysis: BlockAnalysis, group: _Group, sends_back: bool) -> str:
     blocks = [analysis.blocks[b] for b in group.blocks]
     parts: list[object] = [_block_signature(graph, b) for b in blocks]
+    parts.append(("sends back", sends_back))
     first = {b.index: k for k, b in enumerate(blocks)}
     for k, block in enumerate(blocks):
         head = graph.ops[block.head]
@@ -619,6 +789,10 @@ def _fingerprint(
         if analysis.block_of_op[o] is None and graph.ops[o].primitive not in TRIVIAL
     )
     parts.append(sorted(kinds.items()))
+    if group.collects:  # no forward op of its own: what it updates tells it apart
+        parts.append(sorted(graph.values[v].type.shape for v in group.collects))
+        if group.decider is not None:
+            parts.append(_block_signature(graph, analysis.blocks[group.decider]))
     parts.append(
         sorted(
             (graph.ops[o].primitive, tuple(t.shape for t in graph.ops[o].input_types))

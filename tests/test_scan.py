@@ -167,12 +167,12 @@ def test_the_program_count_does_not_grow_with_the_scan_length(kind: str) -> None
         twins = loop_twins(analysis.graph, analysis.blocks)
         assert twins[: layers * per_layer] == tuple(range(per_layer)) * layers
     # the segment programs are the same at every length; from 3 layers on so is every
-    # boundary (2 layers have no boundary between two instances of the middle layer's type:
-    # the MLP's moves something no other boundary does, 24 programs at 2 layers and 27 from
-    # 3; the decoder's moves nothing new, 512 at every length)
+    # boundary (2 layers have no boundary between two instances of the later layers' type).
+    # Every iteration is one type, but for the MLP's first, which reads the step's data and
+    # makes no input cotangent; the stacked parameters' updates are segments of their own.
     assert counts[2].segment_programs == counts[3].segment_programs == counts[4].segment_programs
     assert counts[2].total <= counts[3].total == counts[4].total
-    assert counts[4].total <= {"mlp": 27, "decoder": 512}[kind]  # was 756 and 236,370
+    assert counts[4].total <= {"mlp": 36, "decoder": 512}[kind]  # was 756 and 236,370
 
 
 def test_a_later_iteration_is_profiled_with_the_stacked_parameters_a_uniform_plan_places() -> None:
@@ -183,7 +183,8 @@ def test_a_later_iteration_is_profiled_with_the_stacked_parameters_a_uniform_pla
     analysis = ex.analyze(user.step, *user.args, mesh=(4,), profile=False)
     blocks, segments = analysis.blocks, analysis.segments
     twins = loop_twins(graph, blocks)
-    later = segments.instances[-1]  # iteration 1 and the loss: the first of its type
+    # iteration 1: the first of its type (iteration 0 reads the data, a type of its own)
+    later = next(i for i in segments.instances if i.blocks and twins[i.blocks[0]] != i.blocks[0])
     assert [i.unique_id for i in segments.instances].index(later.unique_id) == later.index
     assert all(twins[b] != b for b in later.blocks)
     choices = tuple(len(blocks[b].strategies) - 1 for b in later.blocks)  # not strategy 0

@@ -189,7 +189,16 @@ def test_an_extra_elementwise_op_keeps_the_fingerprint() -> None:
         segmentation = build_segments(graph, build_blocks(graph, 4))
         labels = [i.label for i in segmentation.instances]
         assert labels == ["layer_0", "layer_1", "layer_2", "head"]
-        assert len({i.unique_id for i in segmentation.instances[:3]}) == 1, labels
+        assert segmentation.instances[1].unique_id == segmentation.instances[2].unique_id
+        _the_first_layer_reading_data_is_its_own_type(segmentation)
+
+
+def _the_first_layer_reading_data_is_its_own_type(segmentation: Any) -> None:
+    """`layer_0` reads the step's data: its backward makes no input cotangent, so its program
+    lacks the matmul (and collectives) the later layers run for theirs."""
+    first, second = segmentation.instances[:2]
+    assert segmentation.boundaries[0].backward  # layer_1 sends layer_0 its cotangent
+    assert first.unique_id != second.unique_id
 
 
 def _no_repeat_step(params: Any, opt_state: Any, x: jax.Array) -> Any:
@@ -236,7 +245,8 @@ def test_tandem_repeats_are_found_without_scopes() -> None:
     segmentation = build_segments(stripped, build_blocks(stripped, 4))
     assert segmentation.method == "repeats"
     assert [len(i.blocks) for i in segmentation.instances] == [2, 2, 2, 0]  # 3 layers, loss
-    assert len({i.unique_id for i in segmentation.instances[:3]}) == 1
+    assert segmentation.instances[1].unique_id == segmentation.instances[2].unique_id
+    _the_first_layer_reading_data_is_its_own_type(segmentation)
 
 
 def test_a_block_alone_over_the_budget_is_refused_with_its_count() -> None:

@@ -202,8 +202,8 @@ def test_a_fused_qkv_projection_offers_head_parallelism() -> None:
 @pytest.mark.parametrize("name", list(DEEP_BUILDERS))
 def test_repeated_layers_are_recognised_whatever_the_depth(name: str) -> None:
     """Program count (the paper's Eq. 7) is the same at 2 and 4 layers: every layer after
-    the first is a repeat, found from structure (Flax loops and remat, NNX without a name
-    stack, Equinox), and no unique segment exceeds the configuration cap."""
+    the first is a repeat, found from structure (Flax loops, remat and `nn.scan`, NNX
+    without a name stack, Equinox), and no unique segment exceeds the configuration cap."""
     counts, summaries = {}, {}
     for layers in (2, 4):
         user = DEEP_BUILDERS[name](layers)

@@ -308,4 +308,5 @@ DEEP_BUILDERS: dict[str, Callable[[int], UserStep]] = {
     "nnx": nnx_decoder,
     "equinox": eqx_decoder,
     "train_state": flax_train_state,
+    "linen_scan": linen_scanned,
 }
