@@ -92,7 +92,8 @@ def _segmentation(
     _keep_guesses_in_iterations(graph, guessed, segment_of_op)
     collector = {vid: index for index, group in enumerate(groups) for vid in group.collects}
     _assign_optimizer(graph, segment_of_op, collector)
-    _join_gradient_tails(graph, guessed, segment_of_op, set(collector.values()))
+    _join_gradient_tails(graph, guessed, segment_of_op)
+    _collect_stacking(graph, segment_of_op, set(collector.values()))
     resolved = [0 if s is None else s for s in segment_of_op]
 
     boundaries = _boundaries(graph, resolved, len(groups))
@@ -302,7 +303,12 @@ def _keep_in_iterations(
     layer's norm reads the previous layer's residual, yet runs in this iteration's body); an
     op outside the scan never joins an iteration: one before it goes with the part before the
     scan, one after it with the part after (the final norm after the last layer), so that
-    every iteration, first and last too, holds the same ops."""
+    every iteration, first and last too, holds the same ops.
+
+    Except after an iteration cut in several parts (over the configuration cap): its residual
+    stream skips the later parts, so the final norm's cotangent would reach the last
+    iteration's first part from the head, a block its type was not profiled under. There the
+    final norm stays with the last part, which becomes a type of its own."""
     for aligned in loops:
         for op_id in ops:
             part = owner[op_id]
@@ -313,7 +319,7 @@ def _keep_in_iterations(
             elif aligned.first <= part < aligned.stop:
                 if op_id < aligned.loop.start:
                     owner[op_id] = aligned.first - 1 if aligned.first > 0 else _PREFIX
-                else:
+                elif aligned.width == 1:
                     owner[op_id] = aligned.stop if aligned.stop < n else _TAIL
 
 
@@ -651,14 +657,9 @@ def _keep_guesses_in_iterations(
                     segment_of_op[o] = min(max(current, lo), hi)
 
 
-def _join_gradient_tails(
-    graph: Graph, guessed: set[int], segment_of_op: list[int | None], collectors: set[int]
-) -> None:
+def _join_gradient_tails(graph: Graph, guessed: set[int], segment_of_op: list[int | None]) -> None:
     """A guessed backward op whose results only make a parameter's gradient (read by that
     parameter's update, or by other such ops) joins the segment that updates the parameter.
-    A scan's update segment (one of `collectors`) also takes the stacking the tracer added
-    after the scan (outside every iteration's body): it assembles the stacked gradient from
-    the pieces each iteration made.
 
     The bias gradient of a norm (a sum of the cotangent its forward op received) has no
     forward op to follow; left with the op that made the cotangent, the norm's segment would
@@ -681,10 +682,28 @@ def _join_gradient_tails(
         made = {segment_of_op[p] for v in op.inputs if (p := graph.values[v].producer) is not None}
         # joining must not make the owner read past its own backward boundary (a stacked
         # parameter's gradient gathers pieces from every iteration of a scan)
-        stacking = owner in collectors and not any(loop.iteration_of(op.id) for loop in graph.loops)
-        if owner is not None and (stacking or made <= {owner, owner + 1}):
+        if owner is not None and made <= {owner, owner + 1}:
             segment_of_op[op.id] = owner
             tails.add(op.id)
+
+
+def _collect_stacking(graph: Graph, segment_of_op: list[int | None], collectors: set[int]) -> None:
+    """The stacking the tracer added after a scan's backward iterations (outside every
+    iteration's body), read only by the update of a scan's update segment (one of
+    `collectors`) or by other such stacking, joins that segment: it assembles the stacked
+    gradient from the pieces each iteration made."""
+    if not collectors:
+        return
+    regions = [(loop.start, loop.stop, loop) for loop in graph.loops]
+    for op in reversed(graph.ops):
+        if op.role is not Role.BACKWARD or not any(
+            start <= op.id < stop and loop.iteration_of(op.id) is None
+            for start, stop, loop in regions
+        ):
+            continue
+        owners = {segment_of_op[u] for v in op.outputs for u in graph.users(v)}
+        if len(owners) == 1 and (owner := owners.pop()) in collectors:
+            segment_of_op[op.id] = owner
 
 
 def _assign_optimizer(
@@ -791,8 +810,9 @@ def _fingerprint(graph: Graph, analysis: BlockAnalysis, group: _Group, sends_bac
     parts.append(sorted(kinds.items()))
     if group.collects:  # no forward op of its own: what it updates tells it apart
         parts.append(sorted(graph.values[v].type.shape for v in group.collects))
-        if group.decider is not None:
-            parts.append(_block_signature(graph, analysis.blocks[group.decider]))
+        # and which block decides it: two update segments never share a type, which would
+        # tie their deciders to one strategy in a uniform plan
+        parts.append(("decided by", group.decider))
     parts.append(
         sorted(
             (graph.ops[o].primitive, tuple(t.shape for t in graph.ops[o].input_types))

@@ -140,15 +140,27 @@ def settled_values(graph: Graph) -> frozenset[int]:
 
 
 def input_owners(graph: Graph, segmentation: Segmentation) -> dict[int, int]:
-    """The one segment instance that holds each step input: the one of its first reader.
+    """The one segment instance that holds each step input: the one that updates it (a
+    parameter or optimizer state the step returns updated), else the one of its first reader.
 
     Counting each input once is what makes a tied parameter (read by the embedding and the
-    head) and its optimizer state count once in the composed memory.
+    head) and its optimizer state count once in the composed memory. Holding it where it is
+    updated keeps a scan's stacked parameters, which every iteration reads, with the scan's
+    update segment: the first iteration's type is every iteration's, and holds none of them.
     """
+    updated = {
+        (path_suffix(path), graph.values[vid].type): vid
+        for vid, path in zip(graph.outputs, graph.output_paths, strict=False)
+    }
     owners = {}
     for vid in graph.inputs:
+        value = graph.values[vid]
+        update = updated.get((path_suffix(value.path), value.type))
+        producer = graph.producer(update) if update is not None else None
         readers = graph.users(vid)
-        if readers:
+        if producer is not None and producer.role is Role.OPTIMIZER:
+            owners[vid] = segmentation.segment_of_op[producer.id]
+        elif readers:
             owners[vid] = segmentation.segment_of_op[readers[0]]
     return owners
 

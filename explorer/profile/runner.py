@@ -82,9 +82,10 @@ COLUMNS = [
 RELEASE_EVERY = 100
 
 # Bump when the way programs are built changes (what is constrained, where), or what their
-# profile rows hold (memory-9: persistent and transient memory read from the schedule, on
-# top of placement-8's loop-twin programs): profiles made the old way are then not reused.
-PROGRAM_VERSION = "memory-9"
+# profile rows hold (owners-10: a step input is held where it is updated, on top of
+# memory-9's memory read from the schedule and placement-8's loop-twin programs): profiles
+# made the old way are then not reused.
+PROGRAM_VERSION = "owners-10"
 
 
 @dataclass(frozen=True, slots=True)
