@@ -22,6 +22,7 @@ then holds the same ops, so the program count does not grow with the scan's leng
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import heapq
 import itertools
@@ -236,12 +237,11 @@ def _structural_groups(
         found = owner[op.id]
         target = prefix if found == _PREFIX else tail if found == _TAIL else groups[found]
         target.forward_ops.append(op.id)
-    updates = [
-        _Group(f"{loop_label} update", [], [], collects=params, decider=block)
-        for aligned in loops
-        for loop_label in [groups[aligned.first].label.partition(" part ")[0]]
-        for block, params in _read_in_loop(graph, analysis, aligned.loop)
-    ]
+    updates = []
+    for aligned in loops:
+        label = groups[aligned.first].label.partition(" part ")[0] + " update"
+        for block, params in _read_in_loop(graph, analysis, aligned.loop):
+            updates.append(_Group(label, [], [], collects=params, decider=block))
     if prefix.forward_ops:
         groups.insert(0, prefix)
     if tail.forward_ops:
@@ -249,7 +249,7 @@ def _structural_groups(
     return groups + updates
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class _AlignedLoop:
     """A scan whose iterations (in execution order) are consecutive runs of `width` parts,
     the first iteration's from part `first`."""
@@ -257,7 +257,11 @@ class _AlignedLoop:
     loop: Any  # _jax_compat.LoopRegion
     first: int
     width: int
-    stops: tuple[int, ...]  # where each iteration's body ends, in execution order
+
+    @functools.cached_property
+    def stops(self) -> tuple[int, ...]:
+        """Where each iteration's body ends, in execution order."""
+        return tuple(iteration.stop for iteration in self.loop.iterations)
 
     @property
     def stop(self) -> int:
@@ -291,8 +295,7 @@ def _aligned_loops(
             continue
         width = len(inside) // length
         if all(where[k] == {(k - first) // width} for k in inside):
-            stops = tuple(iteration.stop for iteration in loop.iterations)
-            found.append(_AlignedLoop(loop, first, width, stops))
+            found.append(_AlignedLoop(loop, first, width))
     return tuple(found)
 
 
@@ -642,18 +645,18 @@ def _keep_guesses_in_iterations(
     for loop in graph.loops:
         for iteration in loop.iterations:
             body = range(iteration.start, iteration.stop)
-            known = [
-                segment_of_op[o]
+            placed = [
+                segment
                 for o in body
-                if graph.ops[o].role is Role.BACKWARD and o not in guessed
+                if graph.ops[o].role is Role.BACKWARD
+                and o not in guessed
+                and (segment := segment_of_op[o]) is not None
             ]
-            placed = [k for k in known if k is not None]
             if not placed:
                 continue
             lo, hi = min(placed), max(placed)
             for o in body:
-                current = segment_of_op[o]
-                if o in guessed and current is not None:
+                if o in guessed and (current := segment_of_op[o]) is not None:
                     segment_of_op[o] = min(max(current, lo), hi)
 
 
@@ -694,12 +697,9 @@ def _collect_stacking(graph: Graph, segment_of_op: list[int | None], collectors:
     gradient from the pieces each iteration made."""
     if not collectors:
         return
-    regions = [(loop.start, loop.stop, loop) for loop in graph.loops]
+    stacking = [(loop.iterations[-1].stop, loop.stop) for loop in graph.loops]
     for op in reversed(graph.ops):
-        if op.role is not Role.BACKWARD or not any(
-            start <= op.id < stop and loop.iteration_of(op.id) is None
-            for start, stop, loop in regions
-        ):
+        if op.role is not Role.BACKWARD or not any(a <= op.id < b for a, b in stacking):
             continue
         owners = {segment_of_op[u] for v in op.outputs for u in graph.users(v)}
         if len(owners) == 1 and (owner := owners.pop()) in collectors:

@@ -148,14 +148,10 @@ def input_owners(graph: Graph, segmentation: Segmentation) -> dict[int, int]:
     updated keeps a scan's stacked parameters, which every iteration reads, with the scan's
     update segment: the first iteration's type is every iteration's, and holds none of them.
     """
-    updated = {
-        (path_suffix(path), graph.values[vid].type): vid
-        for vid, path in zip(graph.outputs, graph.output_paths, strict=False)
-    }
+    update_of = _updates(graph)
     owners = {}
     for vid in graph.inputs:
-        value = graph.values[vid]
-        update = updated.get((path_suffix(value.path), value.type))
+        update = update_of.get(vid)
         producer = graph.producer(update) if update is not None else None
         readers = graph.users(vid)
         if producer is not None and producer.role is Role.OPTIMIZER:
@@ -221,17 +217,27 @@ def _for_optimizer(graph: Graph, vid: int) -> bool:
 def _donated(graph: Graph, program: StandaloneProgram) -> tuple[tuple[int, int], ...]:
     """(argument, result) positions of `program`: a donated step input and its update (the
     step result of the same path suffix and type, as `realize.donatable_inputs` pairs them)."""
-    updates = {
-        (path_suffix(path), graph.values[vid].type): vid
-        for vid, path in zip(graph.outputs, graph.output_paths, strict=False)
-    }
+    update_of = _updates(graph)
     result_of = {vid: k for k, vid in enumerate(program.output_values)}
     donated = {graph.inputs[p] for p in donatable_inputs(graph)}
     pairs = []
     for argument, vid in enumerate(program.input_values):
-        if vid in donated:
-            value = graph.values[vid]
-            update = updates.get((path_suffix(value.path), value.type))
-            if update in result_of:
-                pairs.append((argument, result_of[update]))
+        if vid in donated and update_of.get(vid) in result_of:
+            pairs.append((argument, result_of[update_of[vid]]))
     return tuple(pairs)
+
+
+def _updates(graph: Graph) -> dict[int, int]:
+    """Per step input, the step result that updates it: the one of the same path suffix and
+    type (as `realize.donatable_inputs` pairs them)."""
+    by_key = {
+        (path_suffix(path), graph.values[vid].type): vid
+        for vid, path in zip(graph.outputs, graph.output_paths, strict=False)
+    }
+    found = {}
+    for vid in graph.inputs:
+        value = graph.values[vid]
+        update = by_key.get((path_suffix(value.path), value.type))
+        if update is not None:
+            found[vid] = update
+    return found
