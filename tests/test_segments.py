@@ -323,3 +323,38 @@ def test_a_layer_segment_compiles_from_abstract_shapes_with_its_boundary_layouts
     collectives = parse_collectives(program.lower().compile().as_text(), spec)
     # data parallel inside a layer: only its own weight gradients are all-reduced
     assert collectives and all(c.is_backward for c in collectives if not c.is_scalar)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_segment_reads_its_cotangent_only_after_sending_its_activation(dtype: str) -> None:
+    """Standalone, a layer could run its backward all-reduces with its forward ones (the
+    compiler combines them); in the step the cotangent comes back only after the activation
+    went out. The program must keep that order in bf16 as in f32 (numpy does not count
+    bfloat16 as floating, which once left bf16 programs untied: -8 % time, +-20 % memory)."""
+    graph, analysis, segmentation = _segmented("llama", 2, dtype=dtype)
+    spec = mesh_spec((4,))
+    index = 1
+    instance = segmentation.instances[index]
+    blocks = analysis.blocks
+    # the attention's qkv block batch-split, the rest split on the model dim (N): a layout
+    # whose forward RMSNorm sum needs an all-reduce the compiler would otherwise delay
+    wanted = ("M@x", "N@x", "N@x", "N@x")
+    choices = tuple(
+        [s.name for s in blocks[b].strategies].index(name)
+        for b, name in zip(instance.blocks, wanted, strict=True)
+    )
+    chosen = dict(zip(instance.blocks, choices, strict=True))
+    config = Config(tuple(chosen.get(b, 0) for b in range(len(blocks))))
+    crossing = segmentation.boundaries[index]
+    program = segment_program(
+        graph,
+        instance.ops,
+        shardings(graph, blocks, config, spec),
+        make_mesh(spec),
+        segment_input_layouts(graph, blocks, segmentation, index, choices),
+        after=(crossing.backward, crossing.forward),
+    )
+    collectives = parse_collectives(program.lower().compile().as_text(), spec)
+    assert collectives
+    mixed = [c.name for c in collectives if len({"transpose(" in name for name in c.op_names}) > 1]
+    assert not mixed, f"forward and backward collectives combined: {mixed}"
