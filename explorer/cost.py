@@ -191,6 +191,7 @@ def build_cost_model(
             row["t_total"]
         )
     instances = segmentation.instances
+    _check_contexts(segmentation, by_type, dependencies)
     reshard = []
     for before, after in itertools.pairwise(instances):
         table = pairs.get((before.unique_id, after.unique_id), {})
@@ -206,6 +207,32 @@ def build_cost_model(
         instance_blocks=tuple(i.blocks for i in instances),
         twins=twins,
     )
+
+
+def _check_contexts(
+    segmentation: Segmentation,
+    by_type: dict[int, tuple[Option, ...]],
+    dependencies: tuple[tuple[int, ...], ...],
+) -> None:
+    """A type is profiled at its first instance, under the strategies of that instance's
+    dependencies. An instance that depends on a different number of outside blocks can
+    never match those contexts: say so, naming both, rather than let the solver find no
+    consistent plan."""
+    first: dict[int, int] = {}
+    for instance in segmentation.instances:
+        at = first.setdefault(instance.unique_id, instance.index)
+        options = by_type[instance.unique_id]
+        wanted = len(dependencies[instance.index]) if dependencies else 0
+        found = {len(o.context) for o in options}
+        if options and found != {wanted}:
+            profiled = segmentation.instances[at]
+            raise AnalysisError(
+                f"segment instance {instance.label!r} depends on {wanted} block(s) of other "
+                f"instances {list(dependencies[instance.index]) if dependencies else []}, but "
+                f"its type was profiled at {profiled.label!r} under "
+                f"{sorted(found)} such block(s): the two are not one program type (a "
+                "segmentation error; please report the model)"
+            )
 
 
 def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:

@@ -9,12 +9,14 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from explorer.cost import CostModel, Option
+from explorer.cost import CostModel, Option, build_cost_model
 from explorer.errors import AnalysisError
+from explorer.ir import Boundary, Segmentation, SegmentInstance, SegmentType
 from explorer.solve import NoPlanFitsError, solve_frontier
 
 
@@ -506,3 +508,33 @@ def test_deep_chain_of_skip_dependencies_solves_in_one_pass(repeats: int) -> Non
     for point in frontier.points:
         assert model.inconsistency(point.selection) is None
         assert point.memory == model.memory(point.selection)
+
+
+def test_an_instance_depending_on_more_blocks_than_its_profiled_first_instance_is_named() -> None:
+    """Profiles of a type are keyed on its first instance's dependencies; a later instance
+    with another count could match none of them. The cost model says which, before any
+    solve (the scanned decoder once failed later with a vague "no common configuration")."""
+    segmentation = Segmentation(
+        instances=(
+            SegmentInstance(0, 0, "embed", (0,), (0,)),
+            SegmentInstance(1, 1, "layer_0", (1,), (1,)),
+            SegmentInstance(2, 1, "layer_1", (2,), (2,)),
+        ),
+        unique=(SegmentType(0, "e", "embed", 1, 1), SegmentType(1, "l", "layer", 1, 2)),
+        boundaries=(Boundary(0, (), ()), Boundary(1, (), ())),
+        segment_of_op=(0, 1, 2),
+        method="scopes",
+    )
+    row = dict(kind="segment", status="ok", t_comm=1.0, t_comp=1.0, t_total=2.0,
+               persistent_memory=1, transient_memory=1, memory=2, combined=())  # fmt: skip
+    profiles = pd.DataFrame(
+        [
+            {**row, "segment": 0, "choices": (0,), "config": "a", "context": ()},
+            # layer_0, the profiled instance, depends on no outside block
+            {**row, "segment": 1, "choices": (0,), "config": "b", "context": ()},
+        ]
+    )
+    fine = build_cost_model(segmentation, profiles, ((), (), ()))
+    assert fine.labels == ("embed", "layer_0", "layer_1")
+    with pytest.raises(AnalysisError, match=r"'layer_1' depends on 1 block.*profiled at 'layer_0'"):
+        build_cost_model(segmentation, profiles, ((), (), (0,)))
