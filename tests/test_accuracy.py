@@ -23,14 +23,14 @@ PLANS = 20
 # acceptance bounds of the fidelity issue: median and worst absolute time error, median
 # absolute memory error, and the rank correlation the benchmark aims at
 TIME_MEDIAN, TIME_WORST, MEMORY_MEDIAN, RANK = 0.03, 0.10, 0.05, 0.95
-# Measured (time median / worst, memory median / worst, rank correlation): GPT 4 0.7 % /
-# 3.5 %, 1.8 % / 5.5 %, 0.997; GPT 2x2 2.3 % / 4.8 %, 1.4 % / 2.0 %, 0.998; LLaMA 4 0.1 % /
-# 2.9 %, 3.2 % / 6.4 %, 0.995; BERT 4 0.2 % / 3.1 %, 1.6 % / 3.1 %, 0.995. The worst memory
+# Measured (time median / worst, memory median / worst, rank correlation): GPT 4 0.8 % /
+# 3.5 %, 1.2 % / 5.1 %, 0.997; GPT 2x2 2.3 % / 4.8 %, 1.2 % / 2.2 %, 0.998; LLaMA 4 0.1 % /
+# 3.1 %, 2.5 % / 9.5 %, 0.991; BERT 4 1.7 % / 3.9 %, 1.9 % / 3.5 %, 0.997. The worst memory
 # errors: frontier plans up to 6 % low, where the step fuses a layer's residual sum into the
 # next layer's fusions and keeps its two addends, gathered, instead of the sharded sum each
-# segment program keeps; a plan 6 % high whose largest transient is an early layer's, which
-# the composition adds to every layer's saved activations (in the step the later ones are
-# freed by then).
+# segment program keeps; random plans up to 9.5 % high whose largest working set is an early
+# layer's, which the composition adds to every layer's saved activations (in the step the
+# later ones are not made yet, or freed by then).
 
 
 @cache

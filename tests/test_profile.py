@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import weakref
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,37 @@ def test_an_update_after_a_combined_gradient_all_reduce_copies_nothing() -> None
     assert combined, "w's gradient is all-reduced over the batch, and reaches only w's update"
     accounting = MemoryAccounting(0, frozenset({3}), donated=((0, 2),))
     assert accounting.held(hlo, combined)[0] < accounting.held(hlo)[0]
+
+
+def _loss_segment(logits: jax.Array, labels: jax.Array) -> Any:
+    """A loss in a segment of its own: it receives the head's logits and sends their
+    cotangent back."""
+    probabilities = jax.nn.softmax(logits)
+    return (jnp.log(probabilities) * labels).sum(), probabilities - labels
+
+
+def _loss_reading_late(logits: jax.Array, labels: jax.Array) -> Any:
+    """A loss that reads the logits it receives again at the end."""
+    probabilities = jax.nn.softmax(logits)
+    return (jnp.log(probabilities) * labels).sum() + (logits * labels).sum()
+
+
+def test_a_working_set_holds_the_tensors_passed_between_instances() -> None:
+    """The logits a separate loss segment receives are the program's argument and the
+    cotangent it sends back its result, not temporaries; in the step they are alive while it
+    runs, and nothing else counts them (a Flax decoder's memory was 8 % low without them)."""
+    args = (jnp.ones((64, 512)), jnp.ones((64, 512)))
+    nbytes = 64 * 512 * 4
+    receives, sends = MemoryAccounting(0, forward_inputs=frozenset({0})), frozenset({1})
+    hlo = jax.jit(_loss_segment).lower(*args).compile().as_text()
+    _, alone = MemoryAccounting(0).held(hlo)
+    # the logits are read first and dead before the peak, where the cotangent is made
+    assert receives.held(hlo)[1] == alone
+    assert replace(receives, passed=sends).held(hlo)[1] == alone + nbytes
+    hlo = jax.jit(_loss_reading_late).lower(*args).compile().as_text()
+    _, alone = MemoryAccounting(0).held(hlo)
+    # read again at the end, the logits are alive at the peak
+    assert receives.held(hlo)[1] > alone
 
 
 # -- compiled backend -------------------------------------------------------------------------

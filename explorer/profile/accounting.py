@@ -51,6 +51,8 @@ class MemoryAccounting:
     backward_inputs: frozenset[int] = frozenset()
     forward_inputs: frozenset[int] = frozenset()
     donated: tuple[tuple[int, int], ...] = ()
+    # result positions another instance reads (activations sent on, cotangents sent back)
+    passed: frozenset[int] = frozenset()
 
     def held(self, hlo: str, combined: frozenset[str] = frozenset()) -> tuple[int, int]:
         """(persistent, transient) bytes per device of the compiled program `hlo`.
@@ -85,8 +87,31 @@ class MemoryAccounting:
             and schedule.readers[b] & backward
         )
         copies = _copied(schedule, parameters, self.donated, combined)
+        # the working set also holds the tensors passed between instances while this one
+        # runs: those it receives (until read, unless kept above) and those it sends (from
+        # made on). The program has them as arguments and results, not temporaries; in the
+        # step nothing else counts them (a head's logits, read by a separate loss segment).
+        received = [
+            b
+            for b, buffer in enumerate(schedule.buffers)
+            if (argument := schedule.instructions[buffer.defined].argument) is not None
+            and schedule.instructions[buffer.defined].opcode == "parameter"
+            and (
+                argument in self.backward_inputs
+                or (argument in self.forward_inputs and not schedule.readers[b] & backward)
+            )
+        ]
+        sending = {schedule.outputs[k] for k in self.passed if k < len(schedule.outputs)}
+        sent = [
+            b
+            for b, buffer in enumerate(schedule.buffers)
+            if buffer.result
+            and buffer.defined in sending
+            and schedule.instructions[buffer.defined].opcode != "parameter"
+        ]
         # the saved temporaries are counted as held: the rest of the peak is the working set
-        transient = max(schedule.peak(temporaries) - saved, 0)
+        working = schedule.peak([*temporaries, *received, *sent], arriving=received)
+        transient = max(working - saved, 0)
         return self.persistent + saved + kept + copies, transient
 
 
@@ -194,11 +219,17 @@ def memory_accounting(
         for argument, vid in enumerate(program.input_values)
         if (producer := graph.producer(vid)) is not None
     }
+    step_results = set(graph.outputs)
     return MemoryAccounting(
         persistent,
         backward_inputs=frozenset(a for a, r in made_by.items() if r is Role.BACKWARD),
         forward_inputs=frozenset(a for a, r in made_by.items() if r is Role.FORWARD),
         donated=_donated(graph, program),
+        passed=frozenset(
+            k
+            for k, vid in enumerate(program.output_values)
+            if vid not in step_results and not _for_optimizer(graph, vid)
+        ),
     )
 
 

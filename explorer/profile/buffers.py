@@ -128,12 +128,17 @@ class Schedule:
             and self.instructions[buf.defined].opcode not in ("parameter", "constant")
         ]
 
-    def peak(self, buffers: Iterable[int]) -> int:
-        """The most bytes of `buffers` alive at one position of the schedule."""
+    def peak(self, buffers: Iterable[int], arriving: Iterable[int] = ()) -> int:
+        """The most bytes of `buffers` alive at one position of the schedule.
+
+        `arriving`: argument buffers counted from their first reader, not from the start (a
+        cotangent the step sends only when the backward part needs it)."""
         change = [0] * (len(self.instructions) + 2)
+        late = set(arriving)
         for b in buffers:
             buf = self.buffers[b]
-            change[buf.defined] += buf.nbytes
+            start = min(self.readers[b], default=buf.defined) if b in late else buf.defined
+            change[start] += buf.nbytes
             change[buf.last + 1] -= buf.nbytes
         alive = most = 0
         for delta in change:
