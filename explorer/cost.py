@@ -36,7 +36,7 @@ from typing import Any
 import pandas as pd
 
 from explorer.errors import AnalysisError
-from explorer.ir import Segmentation
+from explorer.ir import Segmentation, SegmentInstance
 
 # XLA:CPU's all-reduce combiner (cpu_compiler.cc: kCombineBytes = int64 max, kCombineCount =
 # 256): the compiler whose optimised HLO the `compiled` backend reads.
@@ -218,20 +218,18 @@ def _check_contexts(
     dependencies. An instance that depends on a different number of outside blocks can
     never match those contexts: say so, naming both, rather than let the solver find no
     consistent plan."""
-    first: dict[int, int] = {}
+    profiled_at: dict[int, SegmentInstance] = {}
     for instance in segmentation.instances:
-        at = first.setdefault(instance.unique_id, instance.index)
+        profiled = profiled_at.setdefault(instance.unique_id, instance)
         options = by_type[instance.unique_id]
-        wanted = len(dependencies[instance.index]) if dependencies else 0
+        depends = dependencies[instance.index] if dependencies else ()
         found = {len(o.context) for o in options}
-        if options and found != {wanted}:
-            profiled = segmentation.instances[at]
+        if options and found != {len(depends)}:
             raise AnalysisError(
-                f"segment instance {instance.label!r} depends on {wanted} block(s) of other "
-                f"instances {list(dependencies[instance.index]) if dependencies else []}, but "
-                f"its type was profiled at {profiled.label!r} under "
-                f"{sorted(found)} such block(s): the two are not one program type (a "
-                "segmentation error; please report the model)"
+                f"segment instance {instance.label!r} depends on {len(depends)} block(s) of "
+                f"other instances {list(depends)}, but its type was profiled at "
+                f"{profiled.label!r} under {sorted(found)} such block(s): the two are not one "
+                "program type (a segmentation error; please report the model)"
             )
 
 

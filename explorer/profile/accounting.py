@@ -65,12 +65,13 @@ class MemoryAccounting:
             for at, i in enumerate(schedule.instructions)
             if i.opcode == "parameter" and i.argument is not None
         }
+        # where the tensors other instances pass in arrive: their parameter instructions
+        from_forward = {parameters[a] for a in self.forward_inputs if a in parameters}
+        from_backward = {parameters[a] for a in self.backward_inputs if a in parameters}
         # the backward part: what waits for a cotangent (or a gradient) of another instance;
         # backward ops that need only forward values may run in the forward part. The last
         # instance, where the step turns, waits for none: it keeps nothing across.
-        backward = schedule.downstream(
-            parameters[a] for a in self.backward_inputs if a in parameters
-        )
+        backward = schedule.downstream(from_backward)
         temporaries = schedule.temporaries()
         # results are counted where they are received (`kept`): the step has no reader of
         # them in this backward part (only `realize.segment_program`'s ordering ties do)
@@ -79,28 +80,23 @@ class MemoryAccounting:
             for b in temporaries
             if schedule.buffers[b].defined not in backward and schedule.readers[b] & backward
         )
-        kept = sum(
-            buffer.nbytes
+        arrived = [
+            b
             for b, buffer in enumerate(schedule.buffers)
-            if schedule.instructions[buffer.defined].argument in self.forward_inputs
-            and schedule.instructions[buffer.defined].opcode == "parameter"
-            and schedule.readers[b] & backward
-        )
+            if buffer.defined in from_forward or buffer.defined in from_backward
+        ]
+        kept_for_backward = {
+            b
+            for b in arrived
+            if schedule.buffers[b].defined in from_forward and schedule.readers[b] & backward
+        }
+        kept = sum(schedule.buffers[b].nbytes for b in kept_for_backward)
         copies = _copied(schedule, parameters, self.donated, combined)
         # the working set also holds the tensors passed between instances while this one
         # runs: those it receives (until read, unless kept above) and those it sends (from
         # made on). The program has them as arguments and results, not temporaries; in the
         # step nothing else counts them (a head's logits, read by a separate loss segment).
-        received = [
-            b
-            for b, buffer in enumerate(schedule.buffers)
-            if (argument := schedule.instructions[buffer.defined].argument) is not None
-            and schedule.instructions[buffer.defined].opcode == "parameter"
-            and (
-                argument in self.backward_inputs
-                or (argument in self.forward_inputs and not schedule.readers[b] & backward)
-            )
-        ]
+        received = [b for b in arrived if b not in kept_for_backward]
         sending = {schedule.outputs[k] for k in self.passed if k < len(schedule.outputs)}
         sent = [
             b
