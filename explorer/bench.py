@@ -1,6 +1,6 @@
 """`python -m explorer bench [--quick]`: the claims that matter to users, measured in one run.
 
-1. Accuracy: the composed prediction (profiles + Eq. 8, persistent + max transient memory)
+1. Accuracy: the composed prediction (profiles + Eq. 8, memory following the step's order)
    against the whole step compiled under the same plan (`evaluate_on`), for frontier plans and
    random configurations; in `measured` mode the whole step is run and timed on CPU devices.
 2. Plan quality: the CFP plan against DP, Megatron, FSDP and the Alpa-style ILP, all judged by
@@ -869,8 +869,10 @@ def _sections(run: Run, tables: dict[str, pd.DataFrame]) -> str:
     out = []
     out.append("## 1. Prediction accuracy\n")
     out.append(
-        "Composed prediction (segment profiles, Eq. 8 time, persistent + largest transient "
-        "memory) against the whole training step compiled under the same plan, priced on "
+        "Composed prediction (segment profiles, Eq. 8 time, memory following the step's order: "
+        "what the whole step holds plus its largest level, the activations saved so far with "
+        "one segment's working set) against the whole training step compiled under the same "
+        "plan, priced on "
         f"{run.settings.platforms[0]} (`compiled`) or run and timed on the CPU devices "
         "(`measured`). Signed errors are (predicted - evaluated) / evaluated.\n"
     )

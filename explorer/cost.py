@@ -16,12 +16,23 @@ is consistent when each option's context is what the other instance chose.
 
 Memory: Eq. 9 sums each segment program's peak, which counts a parameter read by two segments
 twice, and every parameter and optimizer state twice (as argument and as updated result,
-where the training step donates them). The prediction is
-`sum_n persistent[n][i_n] + max_n transient[n][i_n]`: each step input counted once, in the
-segment that owns it, with what the compiler keeps of each segment for the step (the
-activations its backward part reads, the donated inputs it must copy, the gradients held for
-an optimizer elsewhere: `profile.accounting`), plus the largest working set of one segment.
-Eq. 9 stays available for comparison.
+where the training step donates them). The prediction follows the step's order instead. The
+step runs the forward parts in chain order, then the backward parts in reverse: instance n's
+backward part runs while the activations saved by instances 0..n are alive (those of n+1..
+were read and freed) and after the gradients of n+1.. for another instance's optimizer were
+made. So, with `persistent` held the whole step, `saved` from an instance's forward part to
+its backward part, `gradients` from its backward part on, and `transient` while it runs
+(`profile.accounting.HeldMemory`):
+
+    memory = sum_n persistent[n] + max(sum_n gradients[n],
+                                       max_n (sum_{k<=n} saved[k] + sum_{k>n} gradients[k]
+                                              + transient[n]))
+
+(the first term of the max: after the backward parts every gradient waits for its optimizer).
+
+An early layer's working set coexists with the activations saved before it, not with every
+layer's. Each step input counts once, in the segment that owns it. Eq. 9 stays available for
+comparison.
 """
 
 from __future__ import annotations
@@ -54,6 +65,10 @@ class Option:
     persistent: int
     transient: int
     peak: int  # the segment program's own peak (Eq. 9 term)
+    # held from the instance's forward part to its backward part, and from its backward part
+    # to the optimizer (`profile.accounting.HeldMemory`)
+    saved: int = 0
+    gradients: int = 0
     # strategies of the instance's dependencies (CostModel.dependencies), in order
     context: tuple[int, ...] = ()
     # per combining group ("kind@axes/size"): combinable elements and their latency
@@ -145,9 +160,16 @@ class CostModel:
         return None
 
     def memory(self, selection: Sequence[int]) -> int:
-        """Persistent memory of every instance plus the largest transient peak."""
+        """The largest memory held while one instance's backward part runs (module doc)."""
         chosen = [self.options[n][i] for n, i in enumerate(selection)]
-        return sum(o.persistent for o in chosen) + max((o.transient for o in chosen), default=0)
+        # counted from the optimizer's level, where every gradient waits for its update
+        persistent = sum(o.persistent + o.gradients for o in chosen)
+        saved = 0  # saved by instances 0..n, less their gradients (not made before n's level)
+        largest = 0
+        for option in chosen:
+            saved += option.saved - option.gradients
+            largest = max(largest, saved + option.transient)
+        return persistent + largest
 
     def memory_eq9(self, selection: Sequence[int]) -> int:
         """The paper's Eq. 9: the sum of every segment program's peak."""
@@ -178,6 +200,8 @@ def build_cost_model(
                 persistent=int(row["persistent_memory"]),
                 transient=int(row["transient_memory"]),
                 peak=int(row["memory"]),
+                saved=int(row["saved_memory"]),
+                gradients=int(row["gradient_memory"]),
                 context=tuple(int(c) for c in row.get("context", ()) or ()),
                 combined=tuple(row.get("combined", ()) or ()),
             )

@@ -191,6 +191,8 @@ class Analysis:
                 "time": 0.0,
                 "persistent_memory": 0,
                 "transient_memory": 0,
+                "saved_memory": 0,
+                "gradient_memory": 0,
             }
             for i in self.segments.instances
         ]
@@ -312,6 +314,8 @@ class Analysis:
                     "time": option.time,
                     "persistent_memory": option.persistent,
                     "transient_memory": option.transient,
+                    "saved_memory": option.saved,
+                    "gradient_memory": option.gradients,
                 }
             )
         return make_plan(

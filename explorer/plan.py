@@ -212,6 +212,8 @@ def make_layout_plan(
             "time": 0.0,
             "persistent_memory": 0,
             "transient_memory": 0,
+            "saved_memory": 0,
+            "gradient_memory": 0,
         }
         for instance in segmentation.instances
     ]

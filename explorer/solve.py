@@ -6,14 +6,14 @@ cost depends on), the combining groups already paid for, and the strategies give
 shared blocks. A block is shared when some instance's options are priced under its strategy
 (`Option.context`); it is open after n when instances on both sides of that cut involve it
 (one owns it, the other depends on it, or both depend on it), so the rest of the chain must
-agree with the strategy the plan so far gave it. Within a class the partial plans undominated
-by (time, persistent memory, largest transient so far) survive. Memory is
-`sum(persistent) + max(transient)`, not additive, so the largest transient is carried along as
-a third objective rather than summed; one pass yields every Pareto-optimal plan, and every one
-is consistent (one real program). A dependency spans a few instances (a tied parameter, a
-residual skip), so few shared blocks are open at any cut and the classes stay few however deep
-the chain. Segments of one type may take different configurations. A budget query is a binary
-search on the frontier.
+agree with the strategy the plan so far gave it. Memory is not additive: it is the largest
+of the levels the step passes through, one per instance (`CostModel.memory`). A partial plan
+carries what it holds into later levels (`held`) and the largest level so far (`total`), and
+within a class the partial plans undominated by (time, held, total) survive; one pass yields
+every Pareto-optimal plan, and every one is consistent (one real program). A dependency spans
+a few instances (a tied parameter, a residual skip), so few shared blocks are open at any cut
+and the classes stay few however deep the chain. Segments of one type may take different
+configurations. A budget query is a binary search on the frontier.
 """
 
 from __future__ import annotations
@@ -199,10 +199,11 @@ def _allowed(model: CostModel, pins: Pins, sharing: _Sharing, uniform: bool) -> 
 
 
 def _undominated(options: tuple[Option, ...], keep: list[int], shared: Sequence[int]) -> list[int]:
-    """Drop options beaten on time, persistent and transient memory by one with the same ends
-    (and the same context, combining groups and strategies of the `shared` positions, which
-    the rest of the plan depends on)."""
+    """Drop options beaten on time and on every memory term a plan composes (`_steps`) by
+    one with the same ends (and the same context, combining groups and strategies of the
+    `shared` positions, which the rest of the plan depends on)."""
     out = []
+    costs = {i: (options[i].time, *_steps(options[i])) for i in keep}
     for i in keep:
         a = options[i]
         beaten = any(
@@ -212,11 +213,8 @@ def _undominated(options: tuple[Option, ...], keep: list[int], shared: Sequence[
             and options[j].context == a.context
             and options[j].combined == a.combined
             and all(options[j].choices[p] == a.choices[p] for p in shared)
-            and options[j].time <= a.time
-            and options[j].persistent <= a.persistent
-            and options[j].transient <= a.transient
-            and (options[j].time, options[j].persistent, options[j].transient, j)
-            < (a.time, a.persistent, a.transient, i)
+            and all(x <= y for x, y in zip(costs[j], costs[i], strict=True))
+            and (*costs[j], j) < (*costs[i], i)
             for j in keep
         )
         if not beaten:
@@ -224,21 +222,31 @@ def _undominated(options: tuple[Option, ...], keep: list[int], shared: Sequence[
     return out
 
 
+def _steps(option: Option) -> tuple[int, int, int]:
+    """What taking `option` adds to a partial plan's memory (`_chain`): to what it holds into
+    later levels, to the whole-step memory, and the level of the option's own instance above
+    what was held before it."""
+    # its gradients count in every later level: made before them (backward runs in reverse)
+    held = option.persistent + option.saved
+    return held, option.persistent + option.gradients, held + option.transient
+
+
 def _chain(
     model: CostModel, allowed: list[list[int]], sharing: _Sharing
 ) -> list[tuple[float, int, Selection]]:
-    """Pareto plans of the chain, in one pass carrying the largest transient so far.
+    """Pareto plans of the chain, in one pass carrying the largest memory level so far.
 
     A class is a row: the last block's strategy, the mask of combining groups already paid
     for (a group's latency is paid by the first option that has combinable collectives of it:
     they share one bucket), then the strategies of the shared blocks open after the instance.
-    The partial plans are flat arrays, each with its class, pruned per class by `_skyline`. A
-    plan's memory is its persistent sum plus the transient value of its level.
+    The partial plans are flat arrays, each with its class, pruned per class by `_skyline`.
+
+    A partial plan's `held` is what every later level holds from it: the persistent memory
+    and gradients of all its instances (every later level, as the whole step, counts all
+    gradients and takes back those not made yet) plus their saved activations less their
+    gradients. Its `total` is its whole-step memory were the plan to end here: the whole-step
+    terms plus the largest level so far.
     """
-    levels = np.array(
-        sorted({model.options[n][i].transient for n, opts in enumerate(allowed) for i in opts}),
-        dtype=np.int64,
-    )
     latency: dict[str, float] = {}
     for n, opts in enumerate(allowed):
         for i in opts:
@@ -248,8 +256,8 @@ def _chain(
     bit = {key: 1 << k for k, key in enumerate(groups)}
     classes = np.zeros((1, 2), dtype=np.int64)  # before the first instance: nothing open
     time = np.zeros(1)
-    persistent = np.zeros(1, dtype=np.int64)
-    level = np.zeros(1, dtype=np.int64)
+    held = np.zeros(1, dtype=np.int64)
+    total = np.zeros(1, dtype=np.int64)  # the optimizer's level: the gradients, none yet
     of_class = np.zeros(1, dtype=np.int64)
     history: list[tuple[np.ndarray, np.ndarray]] = []  # per instance: previous plan, option
     for n, opts in enumerate(allowed):
@@ -296,14 +304,12 @@ def _chain(
         came = of_class[plan]
         candidate_class = leads_to[came, option]
         candidate_time = time[plan] + step[came, option]
-        candidate_persistent = persistent[plan] + np.array([o.persistent for o in options])[option]
-        transient = np.searchsorted(levels, [o.transient for o in options])
-        candidate_level = np.maximum(level[plan], transient[option])
-        keep = _skyline(
-            candidate_class, candidate_time, candidate_persistent, candidate_level, levels
-        )
+        adds = np.array([_steps(o) for o in options], dtype=np.int64).reshape(len(options), 3)
+        candidate_held = held[plan] + adds[option, 0]
+        candidate_total = np.maximum(total[plan] + adds[option, 1], held[plan] + adds[option, 2])
+        keep = _skyline(candidate_class, candidate_time, candidate_held, candidate_total)
         of_class, time = candidate_class[keep], candidate_time[keep]
-        persistent, level = candidate_persistent[keep], candidate_level[keep]
+        held, total = candidate_held[keep], candidate_total[keep]
         history.append((plan[keep], ids[option[keep]]))
 
     def walk(k: int) -> tuple[int, ...]:
@@ -315,8 +321,7 @@ def _chain(
             k = int(previous[k])
         return tuple(selection)
 
-    memory = persistent + levels[level]
-    return [(float(time[k]), int(memory[k]), functools.partial(walk, k)) for k in range(len(time))]
+    return [(float(time[k]), int(total[k]), functools.partial(walk, k)) for k in range(len(time))]
 
 
 def _resharding(
@@ -343,42 +348,100 @@ def _dead_end(model: CostModel, n: int, agreed: bool, shared: list[int]) -> str:
 
 
 def _skyline(
-    group: np.ndarray,
-    times: np.ndarray,
-    persistent: np.ndarray,
-    level: np.ndarray,
-    caps: np.ndarray,
+    group: np.ndarray, times: np.ndarray, held: np.ndarray, total: np.ndarray
 ) -> np.ndarray:
     """Indices, in class and time order, of the partial plans no earlier one (in time order)
     of the same class dominates.
 
-    Plan B dominates plan A, whatever follows, when it is no slower, holds no more persistent
-    memory, and holds no more persistent plus largest transient memory: past both transients
-    the plans pay the same future transient, below them their own. (A dominated plan with an
-    equal time may survive: harmless, the final frontier is filtered strictly.)
+    Plan B dominates plan A, whatever follows, when it is no slower, holds no more into later
+    levels and has reached no higher a level: every later level is no higher under B, nor is
+    the largest. (A dominated plan may survive: harmless, the final frontier is filtered
+    strictly.)
     """
     order = np.lexsort((times, group))
     run = np.concatenate(([0], np.cumsum(group[order][1:] != group[order][:-1])))
-    total = persistent[order] + caps[level[order]]
-    # A cheap first sweep: an earlier plan whose whole memory is below this one's persistent
-    # memory dominates it. Dominance is transitive, so the exact sweep below need only look
-    # at the survivors.
-    distinct, rank = np.unique(total, return_inverse=True)
+    # A cheap first sweep: an earlier plan whose whole memory is below what this one holds
+    # dominates it. Dominance is transitive, so the exact sweep below need only look at the
+    # survivors.
+    distinct, rank = np.unique(total[order], return_inverse=True)
     lowest = np.append(distinct, np.iinfo(np.int64).max)[_earlier_least(rank, run, len(distinct))]
-    alive = lowest > persistent[order]
+    alive = lowest > held[order]
     order, run = order[alive], run[alive]
-    held = persistent[order]
-    tier = level[order]
-    total = held + caps[tier]
+    holds, reached = held[order], total[order]
+    headroom = reached - holds
+    tiers = np.unique(headroom)
+    if len(tiers) <= 4 * np.log2(max(len(order), 2)) + 8:
+        dominated = _dominated_in_tiers(run, holds, headroom, tiers)
+    else:
+        dominated = _dominated_by_earlier(run, holds, reached)
+    return np.asarray(order[~dominated])
+
+
+def _dominated_in_tiers(
+    run: np.ndarray, held: np.ndarray, headroom: np.ndarray, tiers: np.ndarray
+) -> np.ndarray:
+    """`_dominated_by_earlier` where the points take few distinct headrooms (`tiers`, total
+    - held): one linear pass per tier. A plan with headroom c that holds at most
+    min(held, total - c) of another dominates it."""
     distinct, rank = np.unique(held, return_inverse=True)
     least_held = np.append(distinct, np.iinfo(np.int64).max)
-    dominated = np.zeros(len(order), dtype=bool)
+    tier = np.searchsorted(tiers, headroom)
+    dominated = np.zeros(len(held), dtype=bool)
     for value in np.flatnonzero(np.bincount(tier)):
-        # least persistent memory among the earlier plans of the class at this level
-        at_level = np.where(tier == value, rank, len(distinct))
-        earlier = least_held[_earlier_least(at_level, run, len(distinct))]
-        dominated |= earlier <= np.minimum(held, total - caps[value])
-    return np.asarray(order[~dominated])
+        # least held memory among the earlier plans of the run in this tier
+        in_tier = np.where(tier == value, rank, len(distinct))
+        earlier = least_held[_earlier_least(in_tier, run, len(distinct))]
+        dominated |= earlier <= np.minimum(held, held + headroom - tiers[value])
+    return dominated
+
+
+def _dominated_by_earlier(run: np.ndarray, held: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Per point, whether an earlier point of its run (`run` non-decreasing) holds no more
+    and reached no higher: exact, by halving (each point is compared with the earlier half
+    of every block it lies in, for blocks of 2, 4, 8, ... points: log n sorted passes)."""
+    count = len(held)
+    dominated = np.zeros(count, dtype=bool)
+    if count < 2:
+        return dominated
+    rank = np.unique(held, return_inverse=True)[1].astype(np.int64)
+    level = np.unique(total, return_inverse=True)[1].astype(np.int64)  # compared by rank
+    span = int(rank.max()) + 1
+    position = np.arange(count)
+    width = 1
+    while width < count:
+        block = position // (2 * width)
+        # a segment: the points of one block and one run (the only ones that can compare)
+        starts = np.ones(count, dtype=bool)
+        starts[1:] = (block[1:] != block[:-1]) | (run[1:] != run[:-1])
+        segment = np.cumsum(starts) - 1
+        earlier = (position // width) % 2 == 0
+        later = ~earlier
+        # the earlier halves by (segment, held), each with the least total up to it
+        keys = segment[earlier] * span + rank[earlier]
+        by_key = np.argsort(keys, kind="stable")
+        keys = keys[by_key]
+        first = np.ones(len(keys), dtype=bool)
+        first[1:] = segment[earlier][by_key][1:] != segment[earlier][by_key][:-1]
+        least = _running_min_per_segment(level[earlier][by_key], np.cumsum(first) - 1, count)
+        # per later point: the last earlier point of its segment holding no more than it
+        at = np.searchsorted(keys, segment[later] * span + rank[later], side="right") - 1
+        found = at >= 0
+        found[found] &= keys[at[found]] // span == segment[later][found]
+        hit = np.zeros(int(later.sum()), dtype=bool)
+        hit[found] = least[at[found]] <= level[later][found]
+        dominated[later] |= hit
+        width *= 2
+    return dominated
+
+
+def _running_min_per_segment(ranks: np.ndarray, segment: np.ndarray, bound: int) -> np.ndarray:
+    """Running minimum of `ranks` (each below `bound`) restarted at each segment (`segment`
+    non-decreasing)."""
+    if not len(ranks):
+        return ranks
+    # earlier segments are lifted above every later rank, so the minimum never reaches back
+    lift = (segment[-1] - segment) * bound
+    return np.asarray(np.minimum.accumulate(ranks + lift) - lift)
 
 
 def _earlier_least(rank: np.ndarray, run: np.ndarray, none: int) -> np.ndarray:

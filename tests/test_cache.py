@@ -55,6 +55,8 @@ def record(i: int, **changes: object) -> ProfileRecord:
         memory=1 << 33,  # beyond 32 bits on purpose
         persistent_memory=1 << 32,
         transient_memory=12345,
+        saved_memory=1 << 31,
+        gradient_memory=4096,
         collectives='[{"kind": "all-reduce", "nbytes": 4096, "axes": ["x"]}]',
         reason="",
         seconds=0.25,
@@ -213,6 +215,8 @@ def test_to_frame_columns(tmp_path: Path) -> None:
         "flops",
         "bytes_accessed",
         "dot_flops",
+        "saved_memory",
+        "gradient_memory",
     ]
     assert list(frame["status"]) == ["ok", "infeasible"]
     assert frame["memory"].iloc[0] == 1 << 33
@@ -405,6 +409,37 @@ def test_threads_share_one_cache(tmp_path: Path) -> None:
         assert not any(t.is_alive() for t in threads)
         assert errors == []
         assert len(cache) == 400
+
+
+def test_a_version_three_cache_is_profiled_again_not_composed_the_old_way(
+    tmp_path: Path,
+) -> None:
+    """Schema 3 counted saved activations in the persistent memory: its rows survive the
+    upgrade, but as misses (with a warning), never composed as if nothing were saved."""
+    path = tmp_path / "three.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE profiles (digest TEXT PRIMARY KEY NOT NULL, segment TEXT NOT NULL, "
+            "config TEXT NOT NULL, mesh TEXT NOT NULL, platform TEXT NOT NULL, backend TEXT NOT "
+            "NULL, jax_version TEXT NOT NULL, extra TEXT NOT NULL, status TEXT NOT NULL, t_comm "
+            "REAL NOT NULL, t_comp REAL NOT NULL, memory INTEGER NOT NULL, persistent_memory "
+            "INTEGER NOT NULL, transient_memory INTEGER NOT NULL, collectives TEXT NOT NULL, "
+            "reason TEXT NOT NULL, seconds REAL NOT NULL, created REAL NOT NULL, flops REAL NOT "
+            "NULL DEFAULT 0, bytes_accessed REAL NOT NULL DEFAULT 0, dot_flops TEXT NOT NULL "
+            "DEFAULT '') WITHOUT ROWID"
+        )
+        old = record(0, flops=2.0e6, bytes_accessed=1.0e6, dot_flops='{"f32": 2.0e6}')
+        db.execute(
+            "INSERT INTO profiles VALUES (" + ",".join("?" * 21) + ")",
+            (old.key.digest(), *dataclasses.astuple(old.key), *dataclasses.astuple(old)[1:14]),
+        )
+        db.execute("PRAGMA user_version = 3")
+    with ProfileCache(path) as store:
+        assert len(store) == 1
+        with pytest.warns(CacheWarning, match="1 cached profile.*held memory"):
+            assert store.get_many([old.key]) == {}
+        store.put(old)
+        assert store.get(old.key) == old
 
 
 def test_a_version_one_cache_is_migrated_in_place(tmp_path: Path) -> None:

@@ -129,13 +129,15 @@ def _segment(*flat: jax.Array) -> Any:
 def test_a_program_holds_what_its_backward_part_reads_and_the_weight_it_updates_late() -> None:
     args = (jnp.ones((32, 128)), jnp.ones((128, 16)), jnp.ones((64, 32)), jnp.ones((64, 16)))
     hlo = jax.jit(_segment).lower(*args).compile().as_text()
-    saved, _ = MemoryAccounting(0, backward_inputs=frozenset({3})).held(hlo)
-    assert saved == 64 * 128 * 4  # tanh(x @ w), made forward, read backward
-    kept, _ = MemoryAccounting(0, frozenset({3}), forward_inputs=frozenset({2})).held(hlo)
-    assert kept - saved == 64 * 32 * 4  # the input x, read backward for w's gradient
+    saved = MemoryAccounting(0, backward_inputs=frozenset({3})).held(hlo)
+    assert saved.saved == 64 * 128 * 4  # tanh(x @ w), made forward, read backward
+    assert saved.persistent == 0  # held until its backward part, not the whole step
+    kept = MemoryAccounting(0, frozenset({3}), forward_inputs=frozenset({2})).held(hlo)
+    assert kept.saved - saved.saved == 64 * 32 * 4  # the input x, read backward for w's grad
     # dh @ w.T reads w and the update does not wait for it: the step copies w
-    copied, _ = MemoryAccounting(0, frozenset({3}), donated=((0, 2),)).held(hlo)
-    assert copied - saved == 32 * 128 * 4
+    copied = MemoryAccounting(0, frozenset({3}), donated=((0, 2),)).held(hlo)
+    assert copied.persistent == 32 * 128 * 4
+    assert copied.saved == saved.saved
 
 
 def test_an_update_after_a_combined_gradient_all_reduce_copies_nothing() -> None:
@@ -148,7 +150,7 @@ def test_an_update_after_a_combined_gradient_all_reduce_copies_nothing() -> None
     combined = frozenset(c.name for c in reduces if any(c.combinable))
     assert combined, "w's gradient is all-reduced over the batch, and reaches only w's update"
     accounting = MemoryAccounting(0, frozenset({3}), donated=((0, 2),))
-    assert accounting.held(hlo, combined)[0] < accounting.held(hlo)[0]
+    assert accounting.held(hlo, combined).persistent < accounting.held(hlo).persistent
 
 
 def _loss_segment(logits: jax.Array, labels: jax.Array) -> Any:
@@ -172,14 +174,14 @@ def test_a_working_set_holds_the_tensors_passed_between_instances() -> None:
     nbytes = 64 * 512 * 4
     receives, sends = MemoryAccounting(0, forward_inputs=frozenset({0})), frozenset({1})
     hlo = jax.jit(_loss_segment).lower(*args).compile().as_text()
-    _, alone = MemoryAccounting(0).held(hlo)
+    alone = MemoryAccounting(0).held(hlo).transient
     # the logits are read first and dead before the peak, where the cotangent is made
-    assert receives.held(hlo)[1] == alone
-    assert replace(receives, passed=sends).held(hlo)[1] == alone + nbytes
+    assert receives.held(hlo).transient == alone
+    assert replace(receives, passed=sends).held(hlo).transient == alone + nbytes
     hlo = jax.jit(_loss_reading_late).lower(*args).compile().as_text()
-    _, alone = MemoryAccounting(0).held(hlo)
+    alone = MemoryAccounting(0).held(hlo).transient
     # read again at the end, the logits are alive at the peak
-    assert receives.held(hlo)[1] > alone
+    assert receives.held(hlo).transient > alone
 
 
 # -- compiled backend -------------------------------------------------------------------------

@@ -44,6 +44,8 @@ def chains(draw: Any) -> CostModel:
                     persistent=draw(st.integers(0, 50)),
                     transient=draw(st.integers(0, 50)),
                     peak=0,
+                    saved=draw(st.integers(0, 50)),
+                    gradients=draw(st.integers(0, 20)),
                 )
                 for k, c in enumerate(choices)
             )
@@ -192,6 +194,28 @@ def test_memory_is_persistent_sum_plus_largest_transient() -> None:
     assert np.isclose(model.time((0, 0)), 2.0)
 
 
+def test_memory_follows_the_order_of_the_step() -> None:
+    """An instance's working set coexists with the activations saved by the instances before
+    it and the gradients the later ones made, not with those of every instance."""
+    embed = Option((0,), "e", 1.0, 0.0, persistent=10, transient=60, peak=0, saved=2, gradients=3)
+    layer = Option((0,), "l", 1.0, 0.0, persistent=5, transient=8, peak=0, saved=20, gradients=4)
+    head = Option((0,), "h", 1.0, 0.0, persistent=7, transient=30, peak=0)
+    model = CostModel(
+        ("embed", "layer", "head"), ((embed,), (layer,), (head,)), ({(0, 0): 0.0},) * 2
+    )
+    levels = {
+        "head, where the step turns: all saved": 2 + 20 + 30,
+        "the layer's backward: all saved, its own gradient in its working set": 2 + 20 + 8,
+        "embed's backward: its saved activations, the layer's gradient": 2 + 60 + 4,
+        "the optimizer: both gradients": 3 + 4,
+    }
+    assert model.memory((0, 0, 0)) == 10 + 5 + 7 + max(levels.values())
+    # the embedding's large working set is not added to the layer's saved activations, as
+    # it would be were everything held the whole step
+    everything_held = sum(o.persistent + o.saved + o.gradients for o in (embed, layer, head))
+    assert model.memory((0, 0, 0)) == everything_held + 60 - 23
+
+
 @settings(max_examples=60, deadline=None)
 @given(chains(), st.integers(0, 2), st.sampled_from([0.0, 0.5, 3.0]))
 def test_neighbour_dependent_options_and_combined_latency_match_brute_force(
@@ -316,6 +340,8 @@ def sharing_chains(draw: Any) -> CostModel:
                 persistent=draw(st.integers(0, 50)),
                 transient=draw(st.integers(0, 50)),
                 peak=0,
+                saved=draw(st.integers(0, 50)),
+                gradients=draw(st.integers(0, 20)),
                 context=tuple(draw(strategy) for _ in range(depend_counts[t])),
                 combined=draw(st.sampled_from([(), (("all-reduce@x/4", 1, 0.5),)])),
             )
@@ -526,7 +552,8 @@ def test_an_instance_depending_on_more_blocks_than_its_profiled_first_instance_i
         method="scopes",
     )
     row = dict(kind="segment", status="ok", t_comm=1.0, t_comp=1.0, t_total=2.0,
-               persistent_memory=1, transient_memory=1, memory=2, combined=())  # fmt: skip
+               persistent_memory=1, transient_memory=1, saved_memory=0, gradient_memory=0,
+               memory=2, combined=())  # fmt: skip
     profiles = pd.DataFrame(
         [
             {**row, "segment": 0, "choices": (0,), "config": "a", "context": ()},

@@ -20,6 +20,9 @@ each, `tests/test_accuracy.py`). The step holds, for each instance:
 - a copy of each donated step input that the compiler cannot update in place.
 
 The rest of the program's temporaries are transient: alive only while the instance runs.
+Each held amount is held for a different stretch of the step (`HeldMemory`), which is what
+lets composition follow the step's order: an early layer's working set coexists with the
+activations saved before it, not with every layer's.
 """
 
 from __future__ import annotations
@@ -35,12 +38,27 @@ from explorer.realize import StandaloneProgram, donatable_inputs
 
 
 @dataclass(frozen=True, slots=True)
+class HeldMemory:
+    """Bytes per device the step holds for one segment instance, by how long it holds them.
+
+    The step runs the instances' forward parts in chain order, then their backward parts in
+    reverse; instance n's backward part runs while the activations saved by instances 0..n
+    are alive and after the gradients of instances n+1.. were made (`cost.CostModel.memory`).
+    """
+
+    persistent: int  # the whole step: the step inputs it owns, copies of donated inputs
+    saved: int  # from its forward part to its backward part: the values its backward reads
+    gradients: int  # from its backward part to the optimizer: gradients for another instance
+    transient: int  # only while it runs: the rest of its working set
+
+
+@dataclass(frozen=True, slots=True)
 class MemoryAccounting:
     """What a segment program holds for the whole step, computed from its placement; the
     rest is read from its compiled schedule (`held`).
 
-    `persistent`: the step inputs the instance owns and the gradients it makes for another
-    instance's optimizer, per device. The program's arguments (positions) that another
+    `persistent`: the step inputs the instance owns, per device; `gradients`: the gradients
+    it makes for another instance's optimizer. The program's arguments (positions) that another
     instance's backward pass makes (`backward_inputs`: cotangents, gradients) tell its
     backward part from its forward part; those another instance's forward pass makes
     (`forward_inputs`) may be kept for the backward part. `donated`: (argument, result)
@@ -53,9 +71,10 @@ class MemoryAccounting:
     donated: tuple[tuple[int, int], ...] = ()
     # result positions another instance reads (activations sent on, cotangents sent back)
     passed: frozenset[int] = frozenset()
+    gradients: int = 0
 
-    def held(self, hlo: str, combined: frozenset[str] = frozenset()) -> tuple[int, int]:
-        """(persistent, transient) bytes per device of the compiled program `hlo`.
+    def held(self, hlo: str, combined: frozenset[str] = frozenset()) -> HeldMemory:
+        """What the step holds for the compiled program `hlo`, per device.
 
         `combined`: the all-reduces the compiler combines across segments in the whole step
         (`hlo.Collective.combinable`)."""
@@ -107,8 +126,12 @@ class MemoryAccounting:
         ]
         # the saved temporaries are counted as held: the rest of the peak is the working set
         working = schedule.peak([*temporaries, *received, *sent], arriving=received)
-        transient = max(working - saved, 0)
-        return self.persistent + saved + kept + copies, transient
+        return HeldMemory(
+            persistent=self.persistent + copies,
+            saved=saved + kept,
+            gradients=self.gradients,
+            transient=max(working - saved, 0),
+        )
 
 
 def _copied(
@@ -206,10 +229,12 @@ def memory_accounting(
         if owners.get(vid) == index
     )
     results = set(program.output_values)
-    for op_id in ops:
-        for vid in graph.ops[op_id].outputs:
-            if vid in results and _for_optimizer(graph, vid):
-                persistent += local_bytes(vid, layouts.get(vid))
+    gradients = sum(
+        local_bytes(vid, layouts.get(vid))
+        for op_id in ops
+        for vid in graph.ops[op_id].outputs
+        if vid in results and _for_optimizer(graph, vid)
+    )
     made_by = {
         argument: producer.role
         for argument, vid in enumerate(program.input_values)
@@ -218,6 +243,7 @@ def memory_accounting(
     step_results = set(graph.outputs)
     return MemoryAccounting(
         persistent,
+        gradients=gradients,
         backward_inputs=frozenset(a for a, r in made_by.items() if r is Role.BACKWARD),
         forward_inputs=frozenset(a for a, r in made_by.items() if r is Role.FORWARD),
         donated=_donated(graph, program),

@@ -26,7 +26,7 @@ import numpy as np
 
 from explorer.errors import ExplorerError
 from explorer.mesh import MeshSpec
-from explorer.profile.accounting import MemoryAccounting
+from explorer.profile.accounting import HeldMemory, MemoryAccounting
 from explorer.profile.compute import dot_flops
 from explorer.profile.hlo import Collective, parse_collectives
 
@@ -52,8 +52,11 @@ class ProgramProfile:
     t_comm: float  # seconds per run spent in collectives
     t_comp: float  # seconds per run computing
     memory: int  # peak bytes per device
-    persistent_memory: int  # parameters, optimizer state, activations kept for backward
-    transient_memory: int  # the rest of the peak
+    # what the step holds for the program, by how long (`accounting.HeldMemory`)
+    persistent_memory: int  # the whole step: parameters, optimizer state it owns
+    transient_memory: int  # only while it runs: the rest of its working set
+    saved_memory: int  # from its forward part to its backward part
+    gradient_memory: int  # from its backward part to the optimizer
     collectives: tuple[Collective, ...]
     flops: float
     bytes_accessed: float
@@ -105,19 +108,21 @@ def price_compiled(
     t_comp = compute_time(platform, dots, flops, accessed)
     peak = _memory(compiled)
     if accounting is None:
-        persistent, transient = 0, peak
+        held = HeldMemory(persistent=0, saved=0, gradients=0, transient=peak)
     else:
         # what the program keeps for the step and alive at once, from its schedule: its own
         # memory analysis packs temporaries into result buffers the step does not have
         # (there the results are the donated inputs' buffers)
         combined = frozenset(c.name for c in collectives if any(c.combinable))
-        persistent, transient = accounting.held(hlo, combined)
+        held = accounting.held(hlo, combined)
     return ProgramProfile(
         t_comm=t_comm,
         t_comp=t_comp,
         memory=peak,
-        persistent_memory=persistent,
-        transient_memory=transient,
+        persistent_memory=held.persistent,
+        transient_memory=held.transient,
+        saved_memory=held.saved,
+        gradient_memory=held.gradients,
         collectives=collectives,
         flops=flops,
         bytes_accessed=accessed,
@@ -181,6 +186,8 @@ def measure(
         memory=priced.memory,
         persistent_memory=priced.persistent_memory,
         transient_memory=priced.transient_memory,
+        saved_memory=priced.saved_memory,
+        gradient_memory=priced.gradient_memory,
         collectives=priced.collectives,
         flops=priced.flops,
         bytes_accessed=priced.bytes_accessed,

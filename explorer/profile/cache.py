@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 # Bump when the table changes; add a step to `_MIGRATIONS` when old rows can be carried over.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 30.0
 # Stay under SQLite's host-parameter limit (999 in old builds) in `get_many`.
 _CHUNK = 500
@@ -104,6 +104,12 @@ class ProfileRecord:
     # FLOPs of the dots and convolutions per dtype (JSON object, see profile.compute), so
     # compute is priced at each dtype's peak; "" in rows from before it was recorded
     dot_flops: str = "{}"
+    # what the step holds for the program beyond `persistent_memory` (whole step) and
+    # `transient_memory` (while it runs): from its forward part to its backward part, and
+    # gradients from its backward part to another instance's optimizer (accounting.HeldMemory);
+    # -1 in rows from before they were recorded
+    saved_memory: int = dataclasses.field(kw_only=True)
+    gradient_memory: int = dataclasses.field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.status not in _STATUSES:
@@ -141,7 +147,9 @@ CREATE TABLE IF NOT EXISTS profiles (
     created REAL NOT NULL,
     flops REAL NOT NULL DEFAULT 0,
     bytes_accessed REAL NOT NULL DEFAULT 0,
-    dot_flops TEXT NOT NULL DEFAULT ''
+    dot_flops TEXT NOT NULL DEFAULT '',
+    saved_memory INTEGER NOT NULL DEFAULT -1,
+    gradient_memory INTEGER NOT NULL DEFAULT -1
 ) WITHOUT ROWID
 """
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM profiles"
@@ -169,9 +177,17 @@ def _mark_unknown_costs(conn: sqlite3.Connection) -> None:
     )
 
 
+def _add_held_columns(conn: sqlite3.Connection) -> None:
+    # Rows of schema 3 counted saved activations in their persistent memory: -1 marks the
+    # split unknown, so they are profiled again rather than composed the old way.
+    conn.execute("ALTER TABLE profiles ADD COLUMN saved_memory INTEGER NOT NULL DEFAULT -1")
+    conn.execute("ALTER TABLE profiles ADD COLUMN gradient_memory INTEGER NOT NULL DEFAULT -1")
+
+
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _add_cost_columns,
     2: _mark_unknown_costs,
+    3: _add_held_columns,
 }
 
 
@@ -346,7 +362,13 @@ class ProfileCache:
                 marks = ", ".join("?" * len(chunk))
                 for row in db.execute(f"{_SELECT} WHERE digest IN ({marks})", chunk):
                     found = _from_row(row)
-                    unknown = found.flops < 0 or found.bytes_accessed < 0 or not found.dot_flops
+                    unknown = (
+                        found.flops < 0
+                        or found.bytes_accessed < 0
+                        or not found.dot_flops
+                        or found.saved_memory < 0
+                        or found.gradient_memory < 0
+                    )
                     if found.status == "ok" and unknown:
                         stale += 1
                         continue
@@ -354,8 +376,9 @@ class ProfileCache:
         if stale:
             warnings.warn(
                 f"{stale} cached profile(s) in {self._path or 'the in-memory cache'} come from "
-                "an older cache schema without the compiler's cost analysis; they are "
-                "profiled again (never priced as free compute)",
+                "an older cache schema without the compiler's cost analysis or the held "
+                "memory by duration; they are profiled again (never priced as free compute "
+                "or free memory)",
                 CacheWarning,
                 stacklevel=2,
             )
@@ -452,6 +475,8 @@ def _from_row(row: Sequence[Any]) -> ProfileRecord:
         flops,
         bytes_accessed,
         dot_flops,
+        saved,
+        gradients,
     ) = row[1 + n :]
     return ProfileRecord(
         key=key,
@@ -468,4 +493,6 @@ def _from_row(row: Sequence[Any]) -> ProfileRecord:
         flops=float(flops),
         bytes_accessed=float(bytes_accessed),
         dot_flops=str(dot_flops),
+        saved_memory=int(saved),
+        gradient_memory=int(gradients),
     )

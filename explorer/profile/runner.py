@@ -74,18 +74,19 @@ DYNAMIC_LIMIT_FACTOR = 4.0
 
 COLUMNS = [
     "kind", "segment", "label", "config", "choices", "t_comm", "t_comp", "t_total", "memory",
-    "persistent_memory", "transient_memory", "status", "reason", "collectives", "cached",
-    "seconds", "context", "combined", "program",
+    "persistent_memory", "transient_memory", "saved_memory", "gradient_memory", "status",
+    "reason", "collectives", "cached", "seconds", "context", "combined", "program",
 ]  # fmt: skip
 
 # Every this many programs priced, the run gives back the memory they left (`_release_memory`).
 RELEASE_EVERY = 100
 
 # Bump when the way programs are built changes (what is constrained, where), or what their
-# profile rows hold (owners-10: a step input is held where it is updated, on top of
-# memory-9's memory read from the schedule and placement-8's loop-twin programs): profiles
+# profile rows hold (held-13: saved activations and handed-on gradients apart from the
+# whole-step memory, on top of passing-12's passed tensors in the working set, tie-11's
+# bf16 cotangent ordering, owners-10's step inputs held where they are updated): profiles
 # made the old way are then not reused.
-PROGRAM_VERSION = "owners-10"
+PROGRAM_VERSION = "held-13"
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,6 +465,8 @@ def _record(job: _Job, profile: ProgramProfile, seconds: float) -> ProfileRecord
         memory=profile.memory,
         persistent_memory=profile.persistent_memory,
         transient_memory=profile.transient_memory,
+        saved_memory=profile.saved_memory,
+        gradient_memory=profile.gradient_memory,
         collectives=profile.collectives_json(),
         reason="",
         seconds=seconds,
@@ -483,6 +486,8 @@ def _nothing_moves(job: _Job) -> ProfileRecord:
         memory=0,
         persistent_memory=0,
         transient_memory=0,
+        saved_memory=0,
+        gradient_memory=0,
         collectives="[]",
         reason="",
         seconds=0.0,
@@ -499,6 +504,8 @@ def _infeasible(job: _Job, reason: str, seconds: float) -> ProfileRecord:
         memory=0,
         persistent_memory=0,
         transient_memory=0,
+        saved_memory=0,
+        gradient_memory=0,
         collectives="[]",
         reason=reason,
         seconds=seconds,
@@ -528,6 +535,8 @@ def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) 
         "memory": record.memory,
         "persistent_memory": record.persistent_memory,
         "transient_memory": record.transient_memory,
+        "saved_memory": record.saved_memory,
+        "gradient_memory": record.gradient_memory,
         "status": record.status,
         "reason": record.reason,
         "collectives": record.collectives,
