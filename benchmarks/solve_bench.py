@@ -13,7 +13,9 @@ from explorer.cost import CostModel, Option
 from explorer.solve import solve_frontier
 
 
-def _model(instances: int, seed: int = 0, transient_levels: int = 15) -> CostModel:
+def _model(
+    instances: int, seed: int = 0, transient_levels: int = 15, saved: bool = False
+) -> CostModel:
     rng = random.Random(seed)
     layer = tuple(
         Option(
@@ -24,6 +26,8 @@ def _model(instances: int, seed: int = 0, transient_levels: int = 15) -> CostMod
             persistent=rng.randrange(1, 64) * 2**24,
             transient=rng.randrange(1, transient_levels + 1) * 2**26,
             peak=0,
+            # activations held from the layer's forward part to its backward part
+            saved=rng.randrange(1, 32) * 2**24 if saved else 0,
         )
         for c in itertools.product(range(3), repeat=4)
     )
@@ -36,9 +40,13 @@ def _model(instances: int, seed: int = 0, transient_levels: int = 15) -> CostMod
 
 
 def main() -> None:
-    # transient peaks on 15 distinct levels, then all 81 distinct (the harder case)
-    for instances, levels in ((12, 15), (48, 15), (96, 15), (96, 10_000)):
-        model = _model(instances, transient_levels=levels)
+    # transient peaks on 15 distinct levels, then all 81 distinct (the harder case); then
+    # with saved activations, random and independent of the other costs (real layers save
+    # less where they shard more): memory levels then vary along the chain
+    cases = ((12, 15, False), (48, 15, False), (96, 15, False), (96, 10_000, False))
+    cases += ((12, 15, True), (48, 15, True), (96, 15, True))
+    for instances, levels, saved in cases:
+        model = _model(instances, transient_levels=levels, saved=saved)
         start = time.perf_counter()
         frontier = solve_frontier(model)
         solve_s = time.perf_counter() - start
@@ -52,7 +60,8 @@ def main() -> None:
             lookups.append(time.perf_counter() - start)
         print(
             f"{instances:3d} instances x 81 configurations, transients on <= {min(levels, 81)} "
-            f"levels: frontier of {len(frontier.points)} "
+            f"levels{', random saved activations' if saved else ''}: frontier of "
+            f"{len(frontier.points)} "
             f"plans in {solve_s:.2f} s; budget query median "
             f"{1e6 * statistics.median(lookups):.0f} us"
         )
