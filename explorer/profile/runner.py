@@ -86,7 +86,7 @@ RELEASE_EVERY = 100
 # whole-step memory, on top of passing-12's passed tensors in the working set, tie-11's
 # bf16 cotangent ordering, owners-10's step inputs held where they are updated): profiles
 # made the old way are then not reused.
-PROGRAM_VERSION = "held-13"
+PROGRAM_VERSION = "pull-14"
 
 
 @dataclass(frozen=True, slots=True)
