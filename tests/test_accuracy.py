@@ -25,7 +25,7 @@ PLANS = 20
 TIME_MEDIAN, TIME_WORST, MEMORY_MEDIAN, RANK = 0.03, 0.10, 0.05, 0.95
 # Measured (time median / worst, memory median / worst, rank correlation): GPT 4 0.8 % /
 # 3.5 %, 1.3 % / 5.1 %, 0.997; GPT 2x2 2.3 % / 4.8 %, 1.2 % / 2.2 %, 0.998; LLaMA 4 0.1 % /
-# 3.1 %, 2.1 % / 5.6 %, 0.991; BERT 4 1.7 % / 3.9 %, 1.9 % / 3.5 %, 0.997. The worst memory
+# 3.1 %, 2.4 % / 5.5 %, 0.991; BERT 4 1.7 % / 3.9 %, 1.9 % / 3.5 %, 0.997. The worst memory
 # errors are frontier plans up to 6 % low, where the step fuses a layer's residual sum into
 # the next layer's fusions and keeps its two addends, gathered, instead of the sharded sum
 # each segment program keeps. (Before memory followed the step's order, LLaMA's random plans
