@@ -124,6 +124,7 @@ class _Walk:
         self.fixed_reads: dict[tuple[int, int], DimAxes] = {}
         self.read_sources: dict[tuple[int, int], frozenset[int]] = {}
         self.unplaced: list[int] = []
+        self._result_maps: dict[int, tuple[affine.AffineMap | None, ...] | None] = {}
         owner: dict[int, int] = {}
         for block in blocks:
             for value_layout in block.layouts:
@@ -200,6 +201,12 @@ class _Walk:
 
     # -- one op ----------------------------------------------------------------------------
 
+    def _maps(self, op: OpNode) -> tuple[affine.AffineMap | None, ...] | None:
+        """`affine.traced_op_maps` of the op's first result, computed once per walk."""
+        if op.id not in self._result_maps:
+            self._result_maps[op.id] = affine.traced_op_maps(op, 0)
+        return self._result_maps[op.id]
+
     def _place(self, op: OpNode) -> None:
         graph = self.graph
         outputs = [vid for vid in op.outputs if _numeric(graph.values[vid].type.dtype)]
@@ -210,7 +217,7 @@ class _Walk:
             self._read_as_result_implies(op, leader=None)
             return
         leader = self._leader(op)
-        maps = affine.traced_op_maps(op, 0)
+        maps = self._maps(op)
         if leader is None:
             if maps is None and any(self._split(op, p) for p in range(len(op.inputs))):
                 self.unplaced.append(op.id)
@@ -234,7 +241,7 @@ class _Walk:
 
     def _leader(self, op: OpNode) -> int | None:
         """The operand whose layout the op follows: a split one first, then the deepest."""
-        maps = affine.traced_op_maps(op, 0)
+        maps = self._maps(op)
         if maps is None:
             return None
         best: tuple[tuple[int, int, int, int], int] | None = None
@@ -320,12 +327,11 @@ class _Walk:
             value = graph.values[vid]
             if vid in self.fixed or value.type.rank == 0 or not _numeric(value.type.dtype):
                 continue
-            if any(self.layout.get(vid, ())) or affine.traced_op_maps(op, 0) is None:
+            if any(self.layout.get(vid, ())):
                 continue
-            operands = [graph.values[v].type.dtype for v in op.inputs]
-            if not all(_numeric(d) for d in operands):
+            if not all(_numeric(graph.values[v].type.dtype) for v in op.inputs):
                 continue  # (a PRNG key: leave random bits where the compiler puts them)
-            if any(self._split(op, p) for p in range(len(op.inputs))):
+            if any(self._split(op, p) for p in range(len(op.inputs))) or self._maps(op) is None:
                 continue
             wanted = self._wanted_by_readers(vid)
             if wanted is not None:
@@ -342,7 +348,7 @@ class _Walk:
             reader = graph.ops[user]
             if reader.id in self.unplaced or len(reader.outputs) != 1:
                 return None
-            maps = affine.traced_op_maps(reader, 0)
+            maps = self._maps(reader)
             result = self.layout.get(reader.outputs[0])
             if maps is None or result is None:
                 return None

@@ -419,10 +419,9 @@ def _dominated_by_earlier(run: np.ndarray, held: np.ndarray, total: np.ndarray) 
         # the earlier halves by (segment, held), each with the least total up to it
         keys = segment[earlier] * span + rank[earlier]
         by_key = np.argsort(keys, kind="stable")
-        keys = keys[by_key]
-        first = np.ones(len(keys), dtype=bool)
-        first[1:] = segment[earlier][by_key][1:] != segment[earlier][by_key][:-1]
-        least = _running_min_per_segment(level[earlier][by_key], np.cumsum(first) - 1, count)
+        keys, ranks = keys[by_key], level[earlier][by_key]
+        # keys sort by segment first, so the earlier points' segments stay non-decreasing
+        least = np.minimum(_earlier_least(ranks, keys // span, count), ranks)
         # per later point: the last earlier point of its segment holding no more than it
         at = np.searchsorted(keys, segment[later] * span + rank[later], side="right") - 1
         found = at >= 0
@@ -432,16 +431,6 @@ def _dominated_by_earlier(run: np.ndarray, held: np.ndarray, total: np.ndarray) 
         dominated[later] |= hit
         width *= 2
     return dominated
-
-
-def _running_min_per_segment(ranks: np.ndarray, segment: np.ndarray, bound: int) -> np.ndarray:
-    """Running minimum of `ranks` (each below `bound`) restarted at each segment (`segment`
-    non-decreasing)."""
-    if not len(ranks):
-        return ranks
-    # earlier segments are lifted above every later rank, so the minimum never reaches back
-    lift = (segment[-1] - segment) * bound
-    return np.asarray(np.minimum.accumulate(ranks + lift) - lift)
 
 
 def _earlier_least(rank: np.ndarray, run: np.ndarray, none: int) -> np.ndarray:

@@ -411,6 +411,17 @@ def test_threads_share_one_cache(tmp_path: Path) -> None:
         assert len(cache) == 400
 
 
+# The `profiles` columns of cache schema 1; later schemas added columns at the end.
+_SCHEMA_1_COLUMNS = (
+    "digest TEXT PRIMARY KEY NOT NULL, segment TEXT NOT NULL, config TEXT NOT NULL, mesh TEXT "
+    "NOT NULL, platform TEXT NOT NULL, backend TEXT NOT NULL, jax_version TEXT NOT NULL, extra "
+    "TEXT NOT NULL, status TEXT NOT NULL, t_comm REAL NOT NULL, t_comp REAL NOT NULL, memory "
+    "INTEGER NOT NULL, persistent_memory INTEGER NOT NULL, transient_memory INTEGER NOT NULL, "
+    "collectives TEXT NOT NULL, reason TEXT NOT NULL, seconds REAL NOT NULL, created REAL NOT "
+    "NULL"
+)
+
+
 def test_a_version_three_cache_is_profiled_again_not_composed_the_old_way(
     tmp_path: Path,
 ) -> None:
@@ -419,14 +430,9 @@ def test_a_version_three_cache_is_profiled_again_not_composed_the_old_way(
     path = tmp_path / "three.sqlite"
     with sqlite3.connect(path) as db:
         db.execute(
-            "CREATE TABLE profiles (digest TEXT PRIMARY KEY NOT NULL, segment TEXT NOT NULL, "
-            "config TEXT NOT NULL, mesh TEXT NOT NULL, platform TEXT NOT NULL, backend TEXT NOT "
-            "NULL, jax_version TEXT NOT NULL, extra TEXT NOT NULL, status TEXT NOT NULL, t_comm "
-            "REAL NOT NULL, t_comp REAL NOT NULL, memory INTEGER NOT NULL, persistent_memory "
-            "INTEGER NOT NULL, transient_memory INTEGER NOT NULL, collectives TEXT NOT NULL, "
-            "reason TEXT NOT NULL, seconds REAL NOT NULL, created REAL NOT NULL, flops REAL NOT "
-            "NULL DEFAULT 0, bytes_accessed REAL NOT NULL DEFAULT 0, dot_flops TEXT NOT NULL "
-            "DEFAULT '') WITHOUT ROWID"
+            f"CREATE TABLE profiles ({_SCHEMA_1_COLUMNS}, flops REAL NOT NULL DEFAULT 0, "
+            "bytes_accessed REAL NOT NULL DEFAULT 0, dot_flops TEXT NOT NULL DEFAULT '') "
+            "WITHOUT ROWID"
         )
         old = record(0, flops=2.0e6, bytes_accessed=1.0e6, dot_flops='{"f32": 2.0e6}')
         db.execute(
@@ -446,14 +452,7 @@ def test_a_version_one_cache_is_migrated_in_place(tmp_path: Path) -> None:
     """Schema 1 had no cost-analysis columns: its rows survive the upgrade as misses."""
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as db:
-        db.execute(
-            "CREATE TABLE profiles (digest TEXT PRIMARY KEY NOT NULL, segment TEXT NOT NULL, "
-            "config TEXT NOT NULL, mesh TEXT NOT NULL, platform TEXT NOT NULL, backend TEXT NOT "
-            "NULL, jax_version TEXT NOT NULL, extra TEXT NOT NULL, status TEXT NOT NULL, t_comm "
-            "REAL NOT NULL, t_comp REAL NOT NULL, memory INTEGER NOT NULL, persistent_memory "
-            "INTEGER NOT NULL, transient_memory INTEGER NOT NULL, collectives TEXT NOT NULL, "
-            "reason TEXT NOT NULL, seconds REAL NOT NULL, created REAL NOT NULL) WITHOUT ROWID"
-        )
+        db.execute(f"CREATE TABLE profiles ({_SCHEMA_1_COLUMNS}) WITHOUT ROWID")
         old = record(0)
         db.execute(
             "INSERT INTO profiles VALUES (" + ",".join("?" * 18) + ")",
