@@ -1,12 +1,14 @@
 """Memory of one long profiling run (issue target: flat, printed, never asserted).
 
-One process compiles and prices N programs (default 1,000) with the `compiled` backend and no
-persistent cache: the tiny MoE on a 1-D mesh of 4, whose MoE layer alone has 6,912
-configurations (the old unsplit space), cut to the first N programs in planning order by an
-`only=` counter. Every 100 programs it prints the count, the number of memory maps of the
-process (`/proc/self/maps` lines; LLVM dies with "Unable to allocate section memory" when they
-reach vm.max_map_count, 65,530 by default) and its resident memory, then a summary: first vs
-last, and growth per 100 programs.
+One process lowers and prices N programs (default 1,000) with the `compiled` backend and no
+persistent cache, compiling them in recycled worker processes (`profile/compile_workers.py`;
+`--in-process` compiles them in the process itself, as before): the tiny MoE on a 1-D mesh of
+4, whose MoE layer alone has 6,912 configurations (the old unsplit space), cut to the first N
+programs in planning order by an `only=` counter. Every 100 programs it prints the count, the
+number of memory maps of the process (`/proc/self/maps` lines; LLVM dies with "Unable to
+allocate section memory" when they reach vm.max_map_count, 65,530 by default), its resident
+memory and the resident memory of the compile workers alive at that moment (each exits after
+`PROGRAMS_PER_WORKER` programs), then a summary: first vs last, and growth per 100 programs.
 
 XLA flags used (set before JAX is imported, as tests/conftest.py does): 8 virtual CPU devices,
 `--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true` (cheaper CPU
@@ -35,7 +37,7 @@ os.environ["XLA_FLAGS"] = " ".join(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import explorer as ex  # noqa: E402
-from explorer.profile import runner  # noqa: E402
+from explorer.profile import backends, runner  # noqa: E402
 from explorer.profile.cache import ProfileCache  # noqa: E402
 from explorer.segments import build_segments  # noqa: E402
 
@@ -53,6 +55,22 @@ def rss_mib() -> float:
     return float("nan")
 
 
+def workers_rss_mib() -> float:
+    """Resident memory of this process's children (the compile workers), summed."""
+    total_kb = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as status:
+                fields = dict(line.split(":", 1) for line in status if ":" in line)
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields.get("PPid", "0").split()[0]) == os.getpid():
+            total_kb += int(fields.get("VmRSS", "0 kB").split()[0])
+    return total_kb / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--programs", type=int, default=1000, help="programs to profile")
@@ -64,8 +82,14 @@ def main() -> None:
         default=runner.RELEASE_EVERY,
         help="programs between the runner's memory releases (0: never, the old behaviour)",
     )
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="compile in this process, not in recycled workers (the behaviour before them)",
+    )
     options = parser.parse_args()
     runner.RELEASE_EVERY = options.release_every or sys.maxsize
+    backends.COMPILE_IN_WORKERS = not options.in_process
 
     step, args = ex.models.moe(ex.models.MoEConfig.tiny(), abstract=True)
     analysis = ex.analyze(step, *args, mesh=(4,), profile=False)
@@ -78,7 +102,8 @@ def main() -> None:
         f"tiny MoE, mesh 4: {counts.segment_programs + counts.reshard_programs} programs in the "
         f"space (per segment type {dict(counts.per_type)}); profiling the first "
         f"{options.programs}, compiled backend, no persistent cache, memory released every "
-        f"{options.release_every or 'never'} programs"
+        f"{options.release_every or 'never'} programs, compiled "
+        f"{'in this process' if options.in_process else 'in recycled worker processes'}"
     )
 
     selected = 0
@@ -89,15 +114,22 @@ def main() -> None:
         return selected <= options.programs
 
     start = time.perf_counter()
-    samples: list[tuple[int, int, float, float]] = [(0, memory_maps(), rss_mib(), 0.0)]
-    print(f"{'programs':>8} {'maps':>7} {'rss_mib':>8} {'seconds':>8}")
-    print(f"{0:>8} {samples[0][1]:>7} {samples[0][2]:>8.1f} {0.0:>8.1f}", flush=True)
+    samples: list[tuple[int, int, float, float, float]] = []
+    print(f"{'programs':>8} {'maps':>7} {'rss_mib':>8} {'workers_mib':>11} {'seconds':>8}")
+
+    def report(done: int) -> None:
+        sample = (done, memory_maps(), rss_mib(), workers_rss_mib(), time.perf_counter() - start)
+        samples.append(sample)
+        print(
+            f"{sample[0]:>8} {sample[1]:>7} {sample[2]:>8.1f} {sample[3]:>11.1f} {sample[4]:>8.1f}",
+            flush=True,
+        )
+
+    report(0)
 
     def on_program(done: int) -> None:
         if done % options.every == 0:
-            sample = (done, memory_maps(), rss_mib(), time.perf_counter() - start)
-            samples.append(sample)
-            print(f"{sample[0]:>8} {sample[1]:>7} {sample[2]:>8.1f} {sample[3]:>8.1f}", flush=True)
+            report(done)
 
     with ProfileCache(None) as cache:
         table = runner.profile_all(
@@ -122,7 +154,8 @@ def main() -> None:
         f"maps {first[1]} at {first[0]} -> {last[1]} at {last[0]} "
         f"({(last[1] - first[1]) / hundreds:+.1f} per 100 programs); "
         f"RSS {first[2]:.0f} -> {last[2]:.0f} MiB ({(last[2] - first[2]) / hundreds:+.1f} MiB "
-        f"per 100 programs, over {last[0] - first[0]} programs)"
+        f"per 100 programs, over {last[0] - first[0]} programs); workers' RSS at the reports: "
+        f"{min(s[3] for s in samples[1:]):.0f} to {max(s[3] for s in samples[1:]):.0f} MiB"
     )
 
 

@@ -553,7 +553,14 @@ def evaluate_on(
     `backend="measured"` the step runs on the devices JAX sees and is timed instead (the
     platform then only splits the time into communication and computation)."""
     from explorer.platforms import load_platform
-    from explorer.profile.backends import Backend, compile_program, measure, price_compiled
+    from explorer.profile.backends import (
+        Backend,
+        compile_program,
+        compile_to_text,
+        compile_workers,
+        measure,
+        price_compiled,
+    )
 
     graph, assignment = _configure(plan, step, args)
     # unrolled (realize's default): XLA's cost analysis counts a while loop's body once,
@@ -567,15 +574,19 @@ def evaluate_on(
     kind = Backend(backend)
     # flat inputs, so that `measure` can build one device array per leaf
     leaves = jax.tree_util.tree_leaves(abstract)
-    compiled = compile_program(realised.flat_fn.lower(*leaves), kind)
+    lowered = realised.flat_fn.lower(*leaves)
+    if kind is Backend.MEASURED:
+        executable = compile_program(lowered, kind)
+    else:
+        text = compile_to_text(lowered, compile_workers(kind, 1))
     out = {}
     for name in platforms:
         if kind is Backend.MEASURED:
             priced = measure(
-                compiled, tuple(leaves), load_platform(name), plan.mesh, donated=realised.donated
+                executable, tuple(leaves), load_platform(name), plan.mesh, donated=realised.donated
             )
         else:
-            priced = price_compiled(compiled, load_platform(name), plan.mesh)
+            priced = price_compiled(text, load_platform(name), plan.mesh)
         out[name] = Evaluation(
             time=priced.t_comm + priced.t_comp,
             t_comm=priced.t_comm,

@@ -30,11 +30,12 @@ from explorer.errors import ExplorerError
 from explorer.ir import BlockAnalysis, Graph, Segmentation
 from explorer.mesh import mesh_spec
 from explorer.platforms import load_platform
-from explorer.profile import runner
+from explorer.profile import backends, runner
 from explorer.profile.accounting import MemoryAccounting
 from explorer.profile.cache import ProfileCache
+from explorer.profile.compile_workers import CompileWorkers
 from explorer.profile.hlo import CollectiveKind, parse_collectives
-from explorer.profile.runner import distinct_programs, profile_all
+from explorer.profile.runner import COLUMNS, distinct_programs, profile_all
 from explorer.segments import build_segments
 from explorer.space import build_space
 
@@ -237,17 +238,20 @@ def test_priced_executables_are_released_and_progress_is_reported(
 ) -> None:
     """A long run must not keep what it compiled (its memory maps once ran out after ~300
     programs): no executable outlives the run, and the periodic release runs between
-    programs. benchmarks/profile_memory_bench.py measures a run of 1,000."""
+    programs. Compiled here, as the measured backend does (compile-only profiling compiles in
+    worker processes, see the next test). benchmarks/profile_memory_bench.py measures a run
+    of 1,000."""
+    monkeypatch.setattr(backends, "COMPILE_IN_WORKERS", False)
     graph, analysis, segmentation = _tiny_gpt()
     compiled: list[weakref.ref[Any]] = []
-    original = runner.compile_program
+    original = backends.compile_program
 
     def tracked(lowered: Any, backend: Any) -> Any:
         executable = original(lowered, backend)
         compiled.append(weakref.ref(executable))
         return executable
 
-    monkeypatch.setattr(runner, "compile_program", tracked)
+    monkeypatch.setattr(backends, "compile_program", tracked)
     monkeypatch.setattr(runner, "RELEASE_EVERY", 2)
     counted: list[int] = []
     table = profile_all(
@@ -268,6 +272,42 @@ def test_priced_executables_are_released_and_progress_is_reported(
     assert counted == list(range(1, programs + 1))
     assert len(compiled) == programs
     assert all(ref() is None for ref in compiled)
+
+
+def test_profiles_compiled_in_recycled_workers_equal_profiles_compiled_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Compile-only profiling compiles in worker processes that exit every few programs
+    (here after each): every row is the row the same program gives compiled in this
+    process."""
+    graph, analysis, segmentation = _tiny_gpt()
+    workers = CompileWorkers(processes=2, device_count=jax.device_count(), programs_per_worker=1)
+    monkeypatch.setattr(runner, "compile_workers", lambda backend, threads: workers)
+
+    def profiles() -> pd.DataFrame:
+        return profile_all(
+            graph,
+            analysis,
+            segmentation,
+            mesh_spec((4,)),
+            platform=load_platform("a100-pcie-8"),
+            cache=ProfileCache(None),
+            progress=False,
+            workers=2,
+            only=lambda kind, label, config: label == "layer->head",
+        )
+
+    try:
+        there = profiles()
+    finally:
+        workers.close()
+    monkeypatch.setattr(runner, "compile_workers", lambda backend, threads: None)
+    here = profiles()
+    programs = distinct_programs(there)
+    assert programs >= 3 and (there["status"] == "ok").all()
+    assert workers.started == programs  # a fresh worker for every program
+    priced = [c for c in COLUMNS if c not in ("seconds", "cached")]
+    pd.testing.assert_frame_equal(there[priced], here[priced])
 
 
 def test_measured_mode_refuses_a_mesh_larger_than_the_devices() -> None:

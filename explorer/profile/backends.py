@@ -24,9 +24,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from explorer._jax_compat import CompiledText, compile_request, read_executable
 from explorer.errors import ExplorerError
 from explorer.mesh import MeshSpec
 from explorer.profile.accounting import HeldMemory, MemoryAccounting
+from explorer.profile.compile_workers import CompileWorkers, shared_workers
 from explorer.profile.compute import dot_flops
 from explorer.profile.hlo import Collective, parse_collectives
 
@@ -36,6 +38,11 @@ TIMED_RUNS = 10
 # XLA's CPU code generation does not change the optimised HLO, the cost analysis or the
 # memory analysis: skipping its expensive LLVM passes makes compile-only profiling ~2x faster.
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+# Compile-only pricing on the CPU compiles in recycled worker processes (`compile_workers`):
+# what the compiler leaves behind leaves with them. False: compile in this process.
+COMPILE_IN_WORKERS = True
 
 
 class Backend(StrEnum):
@@ -83,13 +90,38 @@ class ProgramProfile:
 
 
 def compile_program(lowered: Any, backend: Backend) -> Any:
+    """The executable of `lowered`, compiled in this process (to run it, or to read it)."""
     if backend is Backend.COMPILED and jax.default_backend() == "cpu":
         return lowered.compile(compiler_options=FAST_COMPILE)
     return lowered.compile()
 
 
+def compile_workers(backend: Backend, threads: int) -> CompileWorkers | None:
+    """Worker processes for compile-only pricing on the CPU of one process, `threads` of
+    them compiling at once; None where programs compile here (a measured program runs where
+    it was compiled; a GPU worker would hold device memory of its own)."""
+    if (
+        not COMPILE_IN_WORKERS
+        or backend is not Backend.COMPILED
+        or jax.default_backend() != "cpu"
+        or jax.process_count() != 1
+    ):
+        return None
+    return shared_workers(threads, jax.device_count())
+
+
+def compile_to_text(lowered: Any, workers: CompileWorkers | None = None) -> CompiledText:
+    """What compile-only pricing reads of `lowered`'s executable: compiled by `workers` when
+    given (and the program can leave this process), in this process otherwise."""
+    if workers is not None:
+        request = compile_request(lowered, FAST_COMPILE)
+        if request is not None:
+            return workers.compile(request)
+    return read_executable(compile_program(lowered, Backend.COMPILED))
+
+
 def price_compiled(
-    compiled: Any,
+    compiled: CompiledText,
     platform: Any,
     mesh: MeshSpec,
     accounting: MemoryAccounting | None = None,
@@ -100,7 +132,7 @@ def price_compiled(
     Without `accounting` (a whole step) the peak is all transient. `terminal_outputs` marks
     the combinable all-reduces (see `hlo.parse_collectives`).
     """
-    hlo = compiled.as_text()
+    hlo = compiled.hlo
     collectives = parse_collectives(hlo, mesh, terminal_outputs)
     t_comm = sum(platform.price(c, mesh) for c in collectives)
     flops, accessed = _cost(compiled)
@@ -157,7 +189,7 @@ def measure(
     Inputs at `donated` positions are consumed by each run: fresh ones are made before every
     run, outside the timed region.
     """
-    priced = price_compiled(compiled, platform, mesh, accounting, terminal_outputs)
+    priced = price_compiled(read_executable(compiled), platform, mesh, accounting, terminal_outputs)
     arrays = [_materialise(struct) for struct in inputs]
 
     def refill() -> None:
@@ -205,10 +237,8 @@ def _materialise(struct: jax.ShapeDtypeStruct) -> Any:
     return jax.make_array_from_callback(struct.shape, sharding, lambda index: host[index])
 
 
-def _cost(compiled: Any) -> tuple[float, float]:
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list):
-        cost = cost[0] if cost else None
+def _cost(compiled: CompiledText) -> tuple[float, float]:
+    cost = compiled.cost
     if cost is None:
         raise ExplorerError(
             "the compiler gave no cost analysis for this program, so its compute cannot be "
@@ -221,20 +251,14 @@ def _cost(compiled: Any) -> tuple[float, float]:
     return float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0))
 
 
-def _memory(compiled: Any) -> int:
+def _memory(compiled: CompiledText) -> int:
     """Peak bytes per device from the compiler's memory analysis."""
-    stats = compiled.memory_analysis()
-    if stats is None:
+    if compiled.memory is None:
         raise ExplorerError(
             "the compiler gave no memory analysis for this program, so its memory cannot be "
             "priced (it is never counted as 0). The backend "
             f"{jax.default_backend()!r} may not support memory_analysis(); use the CPU or "
             "GPU backend to profile."
         )
-    peak = (
-        stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        + stats.temp_size_in_bytes
-        - stats.alias_size_in_bytes
-    )
-    return int(max(peak, 0))
+    arguments, outputs, temporaries, aliased = compiled.memory
+    return max(arguments + outputs + temporaries - aliased, 0)

@@ -53,11 +53,14 @@ from explorer.profile.backends import (
     ProgramProfile,
     SlowerThanLimit,
     compile_program,
+    compile_to_text,
+    compile_workers,
     compute_time,
     measure,
     price_compiled,
 )
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
+from explorer.profile.compile_workers import CompileFailed, CompileWorkers
 from explorer.profile.hlo import Collective, CollectiveKind
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.segments import DEFAULT_PROFILING_BUDGET, check_profiling_budget
@@ -354,23 +357,29 @@ def _run(
         return rows
     bar = _progress(len(todo), progress)
     best: dict[Any, float] = {}
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+    threads = workers or os.cpu_count() or 1
+    processes = compile_workers(context.backend, threads)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
         # A bounded window of compiles runs ahead of pricing, and each compiled executable is
         # dropped as soon as it is priced: holding them all until the run ends grows the
         # process's memory maps until LLVM cannot allocate code memory (after ~300 programs).
-        ahead = 2 * (workers or os.cpu_count() or 1)
+        ahead = 2 * threads
         pending = iter(todo)
         window: collections.deque[tuple[_Job, Future[Any]]] = collections.deque()
         done = 0
+
+        def submit(job: _Job) -> Future[Any]:
+            return pool.submit(_compile, job, context.backend, processes)
+
         for job in itertools.islice(pending, ahead):
-            window.append((job, pool.submit(_compile, job, context.backend)))
+            window.append((job, submit(job)))
         while window:
             job, future = window.popleft()  # in submission order: measurement stays sequential
             record = _finish(job, future, context, best)
             del future
             following = next(pending, None)
             if following is not None:
-                window.append((following, pool.submit(_compile, following, context.backend)))
+                window.append((following, submit(following)))
             cache.put(record)
             rows.extend(_row(same, record, context, was_cached=False) for same in sharing[job.key])
             if bar is not None:
@@ -408,10 +417,18 @@ def _libc() -> Any:
     return libc if libc is not None and hasattr(libc, "malloc_trim") else None  # glibc only
 
 
-def _compile(job: _Job, backend: Backend) -> tuple[_Built, Any, float]:
+def _compile(
+    job: _Job, backend: Backend, workers: CompileWorkers | None
+) -> tuple[_Built, Any, float]:
+    """Build and lower a job's program here, then compile it: the executable to run for
+    the measured backend, what the compiler made of it (`CompiledText`) otherwise."""
     start = time.perf_counter()
     built = job.build()
-    compiled = compile_program(built.program.lower(), backend)
+    lowered = built.program.lower()
+    if backend is Backend.MEASURED:
+        compiled = compile_program(lowered, backend)
+    else:
+        compiled = compile_to_text(lowered, workers)
     return built, compiled, time.perf_counter() - start
 
 
@@ -450,9 +467,9 @@ def _finish(
     except SlowerThanLimit as err:
         return _infeasible(job, f"abandoned: {err}", time.perf_counter() - start)
     except Exception as err:  # a failing program is a result, not a crash
-        reason = (
-            f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-        )
+        # a worker's compile error is named by the error the compiler raised there
+        kind = err.kind if isinstance(err, CompileFailed) else type(err).__name__
+        reason = f"{kind}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         return _infeasible(job, reason[:500], time.perf_counter() - start)
 
 

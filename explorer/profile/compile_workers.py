@@ -1,0 +1,238 @@
+"""Compile-only profiling in worker processes that are recycled.
+
+A compiler leaves memory behind in the process that runs it: XLA's and LLVM's caches, the
+arenas of the threads that compiled, code pages of executables already dropped. Over a run
+of thousands of programs that grows without bound (benchmarks/profile_memory_bench.py: ~20
+MiB per 100 programs after the first 700, in one process). Here each program is lowered in
+this process and compiled in a worker process, which answers with the optimised HLO and
+the compiler's analyses (`_jax_compat.CompiledText`) and exits after `PROGRAMS_PER_WORKER`
+programs, taking what its compiles left with it.
+
+Workers are plain subprocesses running `python -m explorer.profile.compile_workers`, not
+`multiprocessing` children: spawning those re-imports the user's `__main__`, which runs a
+script without a `if __name__ == "__main__"` guard once more per worker. Requests and
+answers are pickled over the worker's stdin and stdout; anything else the worker prints goes
+to its stderr, a temporary file read back when a worker dies.
+
+Only compile-only pricing on the CPU uses workers: a measured program must run where it was
+compiled, and a GPU worker would claim device memory of its own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from explorer._jax_compat import CompiledText, CompileRequest, compile_from_request
+from explorer.errors import ExplorerError
+
+# A worker exits after compiling this many programs; the next request starts a fresh one.
+# Starting one costs ~1-2 s (importing JAX); 100 programs cost ~60-90 s on the tiny MoE.
+PROGRAMS_PER_WORKER = 100
+
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+class WorkerDied(ExplorerError):
+    """A compile worker exited while compiling a program."""
+
+
+class CompileFailed(ExplorerError):
+    """The compiler refused a program in a worker; `kind` names the error it raised there."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(eq=False)  # one per process: compared and hashed by identity
+class _Worker:
+    process: subprocess.Popen[bytes]
+    stderr: IO[bytes]
+    compiled: int = 0
+
+    def ask(self, request: CompileRequest) -> tuple[str, Any]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            pickle.dump(request, self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self.process.stdin.flush()
+            answer: tuple[str, Any] = pickle.load(self.process.stdout)
+        except (BrokenPipeError, EOFError, OSError, pickle.UnpicklingError) as err:
+            raise WorkerDied(self._death(err)) from None
+        self.compiled += 1
+        return answer
+
+    def _death(self, err: BaseException) -> str:
+        try:
+            code = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        self.stderr.seek(0)
+        tail = self.stderr.read().decode(errors="replace").strip().splitlines()[-3:]
+        said = f"; its last words: {' | '.join(tail)}" if tail else ""
+        how = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+        return f"the compile worker {how} ({type(err).__name__}){said}"
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.process.stdin is not None:
+                self.process.stdin.close()  # the worker's loop ends at end of input
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@dataclass
+class CompileWorkers:
+    """Up to `processes` workers, each recycled after `programs_per_worker` programs.
+
+    `compile` is safe to call from several threads: each call takes an idle worker (starting
+    one when fewer than `processes` run), so `processes` programs compile at once.
+    """
+
+    processes: int
+    device_count: int
+    programs_per_worker: int = PROGRAMS_PER_WORKER
+    _idle: queue.LifoQueue[_Worker | None] = field(init=False, repr=False)
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+    _all: set[_Worker] = field(init=False, repr=False, default_factory=set)
+    started: int = field(init=False, default=0)  # workers started so far (a probe for tests)
+
+    def __post_init__(self) -> None:
+        if self.processes < 1 or self.programs_per_worker < 1:
+            raise ValueError(
+                f"compile workers need processes >= 1 and programs_per_worker >= 1, got "
+                f"{self.processes} and {self.programs_per_worker}"
+            )
+        self._idle = queue.LifoQueue()
+        for _ in range(self.processes):
+            self._idle.put(None)  # a slot where a worker may be started
+
+    def compile(self, request: CompileRequest) -> CompiledText:
+        """Compile one program in a worker. A worker that died between programs (not this
+        program's doing) is replaced and the program sent again, once; a worker that dies on
+        the program itself raises `WorkerDied`, which names how it ended."""
+        for attempt in range(2):
+            worker = self._idle.get()  # blocks while every worker is busy
+            try:
+                worker = worker or self._start()
+                status, payload = worker.ask(request)
+            except BaseException as err:
+                # the slot goes back whatever happened, or later calls would wait forever
+                if worker is not None:
+                    self._retire(worker)
+                self._idle.put(None)
+                if isinstance(err, WorkerDied) and attempt == 0:
+                    continue
+                raise
+            if worker.compiled >= self.programs_per_worker:
+                self._retire(worker)
+                self._idle.put(None)
+            else:
+                self._idle.put(worker)
+            if status == "error":
+                raise CompileFailed(*payload)
+            text: CompiledText = payload
+            return text
+        raise AssertionError("unreachable")
+
+    def pids(self) -> list[int]:
+        """The process ids of the workers running now."""
+        with self._lock:
+            return [w.process.pid for w in self._all if w.process.poll() is None]
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._all = list(self._all), set()
+        for worker in workers:
+            worker.close()
+
+    def _start(self) -> _Worker:
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the worker holds it; closed in close()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "explorer.profile.compile_workers"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=_worker_environment(self.device_count),
+        )
+        worker = _Worker(process, stderr)
+        with self._lock:
+            self._all.add(worker)
+            self.started += 1
+        return worker
+
+    def _retire(self, worker: _Worker) -> None:
+        with self._lock:
+            self._all.discard(worker)
+        worker.close()
+
+
+def _worker_environment(device_count: int) -> dict[str, str]:
+    """This process's environment, with as many CPU devices as this process has (however it
+    got them: XLA_FLAGS, or `jax_num_cpu_devices`) and no other platform to probe."""
+    env = dict(os.environ)
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith(_DEVICE_COUNT_FLAG)]
+    env["XLA_FLAGS"] = " ".join([*flags, f"{_DEVICE_COUNT_FLAG}={device_count}"])
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    env["JAX_PLATFORMS"] = "cpu"
+    # the worker imports this package as the parent did
+    paths = [p for p in sys.path if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+_shared: CompileWorkers | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_workers(processes: int, device_count: int) -> CompileWorkers:
+    """The process's compile workers, kept between profiling runs (a notebook re-profiles as
+    the mesh changes); replaced when a run asks for more workers or other devices."""
+    global _shared  # noqa: PLW0603 - one set of workers per process, made on first use
+    with _shared_lock:
+        current = _shared
+        if current is None or current.processes < processes or current.device_count != device_count:
+            if current is not None:
+                current.close()
+            current = _shared = CompileWorkers(processes, device_count)
+            atexit.register(current.close)
+        return current
+
+
+def _serve() -> None:
+    """The worker's loop: compile each request read from stdin, answer on stdout, end at
+    the end of input."""
+    requests = sys.stdin.buffer
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt answers
+    while True:
+        try:
+            request = pickle.load(requests)
+        except EOFError:
+            break
+        try:
+            answer: tuple[str, Any] = ("ok", compile_from_request(request))
+        except Exception as err:  # a program that fails to compile is an answer
+            answer = ("error", (type(err).__name__, str(err).strip()))
+        pickle.dump(answer, answers, protocol=pickle.HIGHEST_PROTOCOL)
+        answers.flush()
+
+
+if __name__ == "__main__":
+    _serve()

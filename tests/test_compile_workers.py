@@ -1,0 +1,152 @@
+"""Compile-only profiling in recycled worker processes (explorer/profile/compile_workers.py).
+
+Real subprocesses, real XLA compiles: what a worker answers is what the compiler makes of the
+program in this process, a worker is recycled and replaced, and one that dies is named.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from explorer._jax_compat import CompileRequest, compile_request, read_executable
+from explorer.profile.backends import FAST_COMPILE
+from explorer.profile.compile_workers import CompileFailed, CompileWorkers, WorkerDied
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _layer(w: jax.Array, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    # a sharded contraction, its loss and its gradient: all-reduces, dots, temporaries
+    return jax.value_and_grad(lambda w: jnp.tanh(x @ w).sum())(w)
+
+
+def _lowered(columns: int = 128) -> jax.stages.Lowered:
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    w = jax.ShapeDtypeStruct((64, columns), jnp.float32, sharding=NamedSharding(mesh, P(None, "x")))
+    x = jax.ShapeDtypeStruct((32, 64), jnp.float32, sharding=NamedSharding(mesh, P("x", None)))
+    return jax.jit(_layer).lower(w, x)
+
+
+def _request(columns: int = 128) -> CompileRequest:
+    request = compile_request(_lowered(columns), FAST_COMPILE)
+    assert request is not None
+    return request
+
+
+def test_a_worker_answers_what_the_compiler_makes_of_the_program_here() -> None:
+    here = read_executable(_lowered().compile(compiler_options=FAST_COMPILE))
+    workers = CompileWorkers(processes=1, device_count=jax.device_count())
+    try:
+        there = workers.compile(_request())
+    finally:
+        workers.close()
+    assert "all-reduce" in here.hlo and here.memory is not None and here.cost
+    assert there == here  # the optimised HLO text, the cost and the memory analyses
+
+
+def test_workers_are_recycled_and_a_worker_dead_between_programs_is_replaced() -> None:
+    workers = CompileWorkers(processes=1, device_count=jax.device_count(), programs_per_worker=2)
+    try:
+        answers = [workers.compile(_request(columns)) for columns in (64, 128, 192)]
+        assert workers.started == 2  # the first exited after its second program
+        assert len({a.hlo for a in answers}) == 3
+        (pid,) = workers.pids()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        # not the program's doing: it is sent again, to a fresh worker
+        assert workers.compile(_request(64)) == answers[0]
+        assert workers.started == 3
+    finally:
+        workers.close()
+    assert workers.pids() == []
+
+
+def test_a_program_the_compiler_refuses_is_an_error_named_by_the_compiler() -> None:
+    broken = CompileRequest(
+        module=b"not a module",
+        name="broken",
+        tuple_args=False,
+        allow_prop_to_inputs=(),
+        allow_prop_to_outputs=(),
+        device_ids=(0,),
+        platform="cpu",
+        options=(),
+    )
+    workers = CompileWorkers(processes=1, device_count=jax.device_count())
+    try:
+        with pytest.raises(CompileFailed) as refused:
+            workers.compile(broken)
+        # the worker survives a refused program and compiles the next
+        assert workers.compile(_request()).memory is not None
+        assert workers.started == 1
+    finally:
+        workers.close()
+    assert refused.value.kind and str(refused.value)
+
+
+def test_a_worker_that_cannot_start_is_named_with_its_last_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    request = _request()  # lowered here first: this process's XLA reads its flags once
+    # XLA aborts the worker on a flag it does not know, before any program compiles
+    monkeypatch.setenv("XLA_FLAGS", "--xla_no_such_flag_for_the_test=1")
+    workers = CompileWorkers(processes=1, device_count=jax.device_count())
+    try:
+        with pytest.raises(WorkerDied, match=r"compile worker (exited|killed).*no_such_flag"):
+            workers.compile(request)
+    finally:
+        workers.close()
+    assert workers.started == 2  # tried once more on a fresh worker, then named
+
+
+def test_bad_worker_counts_are_refused() -> None:
+    with pytest.raises(ValueError, match="processes >= 1"):
+        CompileWorkers(processes=0, device_count=8)
+
+
+def test_a_script_without_a_main_guard_runs_once(tmp_path: Path) -> None:
+    """multiprocessing's spawned children re-import the user's script: workers are plain
+    subprocesses of our own module, so a script that profiles at top level runs once."""
+    script = tmp_path / "user_script.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import jax, jax.numpy as jnp, numpy as np
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+            from explorer._jax_compat import compile_request
+            from explorer.profile.compile_workers import CompileWorkers
+
+            print("top level ran", flush=True)
+            mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+            x = jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=NamedSharding(mesh, P("x")))
+            request = compile_request(jax.jit(lambda x: x.sum()).lower(x), {})
+            workers = CompileWorkers(processes=1, device_count=jax.device_count())
+            print("compiled", "all-reduce" in workers.compile(request).hlo, flush=True)
+            workers.close()
+            """
+        )
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("top level ran") == 1
+    assert "compiled True" in result.stdout
