@@ -358,13 +358,16 @@ def _skyline(
     the largest. (A dominated plan may survive: harmless, the final frontier is filtered
     strictly.)
     """
-    order = np.lexsort((times, group))
+    # by class, then time; equal times keep their order (two stable sorts: the class ids,
+    # few and small, sort by radix)
+    by_time = np.argsort(times, kind="stable")
+    small = np.int16 if group.max(initial=0) < np.iinfo(np.int16).max else np.int64
+    order = by_time[np.argsort(group[by_time].astype(small), kind="stable")]
     run = np.concatenate(([0], np.cumsum(group[order][1:] != group[order][:-1])))
     # A cheap first sweep: an earlier plan whose whole memory is below what this one holds
     # dominates it. Dominance is transitive, so the exact sweep below need only look at the
     # survivors.
-    distinct, rank = np.unique(total[order], return_inverse=True)
-    lowest = np.append(distinct, np.iinfo(np.int64).max)[_earlier_least(rank, run, len(distinct))]
+    lowest = _earlier_least_value(total[order], run)
     alive = lowest > held[order]
     order, run = order[alive], run[alive]
     holds, reached = held[order], total[order]
@@ -431,6 +434,22 @@ def _dominated_by_earlier(run: np.ndarray, held: np.ndarray, total: np.ndarray) 
         dominated[later] |= hit
         width *= 2
     return dominated
+
+
+def _earlier_least_value(values: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """Per element, the least value before it in its run (`run` non-decreasing), or the
+    largest int64 for the first of a run. Values are shifted to start at 0, so that the runs
+    are kept apart with no sort, unless their range times the runs could overflow."""
+    none = np.iinfo(np.int64).max
+    if len(values) == 0:
+        return values
+    low, high = int(values.min()), int(values.max())
+    span = high - low + 1
+    if span * (int(run[-1]) + 2) >= 2**62:  # rank them instead: a sort, but no overflow
+        distinct, rank = np.unique(values, return_inverse=True)
+        return np.append(distinct, none)[_earlier_least(rank, run, len(distinct))]
+    least = _earlier_least(values - low, run, span)
+    return np.where(least == span, none, least + low)
 
 
 def _earlier_least(rank: np.ndarray, run: np.ndarray, none: int) -> np.ndarray:

@@ -565,3 +565,20 @@ def test_an_instance_depending_on_more_blocks_than_its_profiled_first_instance_i
     assert fine.labels == ("embed", "layer_0", "layer_1")
     with pytest.raises(AnalysisError, match=r"'layer_1' depends on 1 block.*profiled at 'layer_0'"):
         build_cost_model(segmentation, profiles, ((), (), (0,)))
+
+
+@pytest.mark.parametrize("scale", [1, 2**40, 2**61])
+def test_earlier_least_value_matches_a_loop_whatever_the_range(scale: int) -> None:
+    """The skyline's first sweep keeps runs apart by shifting values, with no sort; at a
+    range that could overflow the shift it ranks the values instead. Both give the loop's
+    answer."""
+    from explorer.solve import _earlier_least_value
+
+    rng = np.random.default_rng(7)
+    values = rng.integers(0, 1000, size=400).astype(np.int64) * (scale // 1000 or 1)
+    run = np.sort(rng.integers(0, 9, size=400))
+    expected = []
+    for k in range(len(values)):
+        before = [int(v) for v, r in zip(values[:k], run[:k], strict=True) if r == run[k]]
+        expected.append(min(before, default=np.iinfo(np.int64).max))
+    assert _earlier_least_value(values, run).tolist() == expected
