@@ -769,6 +769,24 @@ class CompileRequest:
     device_ids: tuple[int, ...]
     platform: str
     options: tuple[tuple[str, Any], ...]
+    # JAX settings that shape the compile options (`_compile_settings`), as in force here
+    settings: tuple[tuple[str, Any], ...] = ()
+
+
+def _compile_settings() -> tuple[Any, ...]:
+    """The JAX settings `compiler.get_compile_options` reads: a user may have changed them
+    in this process with `jax.config.update`, which a fresh process would not see."""
+    from jax._src import config
+
+    return (
+        config.use_shardy_partitioner,
+        config.exec_time_optimization_effort,
+        config.memory_fitting_effort,
+        config.optimization_level,
+        config.memory_fitting_level,
+        config.enable_remat_opt_pass,
+        config.jax_xla_profile_version,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -805,17 +823,21 @@ def compile_request(lowered: Any, options: dict[str, Any]) -> CompileRequest | N
         device_ids=tuple(d.id for d in devices),
         platform=devices[0].platform,
         options=tuple(lowering._compiler_options_kvs) + tuple(options.items()),
+        settings=tuple((holder.name, holder.value) for holder in _compile_settings()),
     )
 
 
 def compile_from_request(request: CompileRequest) -> CompiledText:
     """Compile a request on this process's devices of its platform, as `Lowered.compile`
-    would, and read the executable."""
+    would, and read the executable. The request's JAX settings are applied to this process
+    (a worker's, made to compile requests)."""
     from jax._src import compiler, xla_bridge
     from jax._src.interpreters import mlir, pxla
     from jax._src.lib import xla_client
     from jax._src.lib.mlir import ir
 
+    for name, value in request.settings:
+        jax.config.update(name, value)
     backend = xla_bridge.get_backend(request.platform)
     by_id = {device.id: device for device in backend.devices()}
     missing = [i for i in request.device_ids if i not in by_id]

@@ -56,6 +56,24 @@ def test_a_worker_answers_what_the_compiler_makes_of_the_program_here() -> None:
     assert there == here  # the optimised HLO text, the cost and the memory analyses
 
 
+def test_a_jax_setting_changed_here_reaches_the_worker() -> None:
+    """The compile options follow JAX settings a user may change in this process: the worker
+    compiles under them (without them it partitions a GSPMD module as an unsharded one)."""
+    before = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", False)
+    try:
+        here = read_executable(_lowered().compile(compiler_options=FAST_COMPILE))
+        request = _request()
+    finally:
+        jax.config.update("jax_use_shardy_partitioner", before)
+    assert ("jax_use_shardy_partitioner", False) in request.settings
+    workers = CompileWorkers(processes=1, device_count=jax.device_count())
+    try:
+        assert workers.compile(request) == here
+    finally:
+        workers.close()
+
+
 def test_workers_are_recycled_and_a_worker_dead_between_programs_is_replaced() -> None:
     workers = CompileWorkers(processes=1, device_count=jax.device_count(), programs_per_worker=2)
     try:
