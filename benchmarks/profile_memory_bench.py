@@ -146,6 +146,8 @@ def main() -> None:
             on_program=on_program,
         )
     ok = int((table["status"] == "ok").sum())
+    for reason, count in table.loc[table["status"] != "ok", "reason"].value_counts().items():
+        print(f"not ok: {count} x {reason}")
     # growth is taken from the first report on (the first programs warm up JAX and XLA)
     first, last = samples[1] if len(samples) > 2 else samples[0], samples[-1]
     hundreds = (last[0] - first[0]) / 100 or 1

@@ -129,6 +129,23 @@ def test_a_worker_that_cannot_start_is_named_with_its_last_words(
     assert workers.started == 2  # tried once more on a fresh worker, then named
 
 
+def test_a_worker_refuses_to_serve_code_other_than_this_process_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker imports the package afresh: after an upgrade or an edit on disk it would
+    answer requests of another version. It says so and exits, and the program is named."""
+    from explorer.profile import compile_workers
+
+    # this process as if it had imported the package before it changed on disk
+    monkeypatch.setattr(compile_workers, "_CODE", "0123456789abcdef")
+    workers = CompileWorkers(processes=1, device_count=jax.device_count())
+    try:
+        with pytest.raises(WorkerDied, match=r"status 3.*upgraded or edited.*restart"):
+            workers.compile(_request())
+    finally:
+        workers.close()
+
+
 def test_bad_worker_counts_are_refused() -> None:
     with pytest.raises(ValueError, match="processes >= 1"):
         CompileWorkers(processes=0, device_count=8)

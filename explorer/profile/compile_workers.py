@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import pickle
 import queue
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from explorer._jax_compat import CompiledText, CompileRequest, compile_from_request
@@ -40,6 +42,21 @@ from explorer.errors import ExplorerError
 PROGRAMS_PER_WORKER = 100
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+_CODE_VARIABLE = "EXPLORER_COMPILE_WORKER_CODE"
+
+
+def _code_digest() -> str:
+    """Identity of the code on both ends of a request: a worker imports the package afresh,
+    which may have changed on disk since this process imported it (an upgrade, an edit)."""
+    from explorer import _jax_compat
+
+    digest = hashlib.sha256()
+    for path in (__file__, _jax_compat.__file__):
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+_CODE = _code_digest()  # the code this process runs, read when it imported it
 
 
 class WorkerDied(ExplorerError):
@@ -191,6 +208,7 @@ def _worker_environment(device_count: int) -> dict[str, str]:
     env["XLA_FLAGS"] = " ".join([*flags, f"{_DEVICE_COUNT_FLAG}={device_count}"])
     env.pop("JAX_NUM_CPU_DEVICES", None)
     env["JAX_PLATFORMS"] = "cpu"
+    env[_CODE_VARIABLE] = _CODE
     # the worker imports this package as the parent did
     paths = [p for p in sys.path if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -218,6 +236,14 @@ def shared_workers(processes: int, device_count: int) -> CompileWorkers:
 def _serve() -> None:
     """The worker's loop: compile each request read from stdin, answer on stdout, end at
     the end of input."""
+    expected = os.environ.get(_CODE_VARIABLE)
+    if expected != _CODE:
+        sys.stderr.write(
+            "the explorer package on disk is not the code of the process that started this "
+            "compile worker (it was upgraded or edited since that process imported it): "
+            "restart that process (the notebook's kernel) to profile with the code on disk\n"
+        )
+        sys.exit(3)
     requests = sys.stdin.buffer
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt answers
