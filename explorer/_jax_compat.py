@@ -875,11 +875,7 @@ def read_executable(executable: Any) -> CompiledText:
             executable.memory_analysis(),
         )
     else:
-        hlo = (
-            executable.get_hlo_text()
-            if hasattr(executable, "get_hlo_text")
-            else "\n\n".join(m.to_string() for m in executable.hlo_modules())
-        )
+        hlo = executable.get_hlo_text()
         cost = executable.cost_analysis()
         stats = executable.get_compiled_memory_stats()
     if isinstance(cost, list):

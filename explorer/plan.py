@@ -555,6 +555,7 @@ def evaluate_on(
     from explorer.platforms import load_platform
     from explorer.profile.backends import (
         Backend,
+        ProgramProfile,
         compile_program,
         compile_to_text,
         compile_workers,
@@ -575,18 +576,21 @@ def evaluate_on(
     # flat inputs, so that `measure` can build one device array per leaf
     leaves = jax.tree_util.tree_leaves(abstract)
     lowered = realised.flat_fn.lower(*leaves)
+    price: Callable[[Any], ProgramProfile]
     if kind is Backend.MEASURED:
         executable = compile_program(lowered, kind)
+
+        def price(platform: Any) -> ProgramProfile:
+            return measure(executable, tuple(leaves), platform, plan.mesh, donated=realised.donated)
     else:
         text = compile_to_text(lowered, compile_workers(kind, 1))
+
+        def price(platform: Any) -> ProgramProfile:
+            return price_compiled(text, platform, plan.mesh)
+
     out = {}
     for name in platforms:
-        if kind is Backend.MEASURED:
-            priced = measure(
-                executable, tuple(leaves), load_platform(name), plan.mesh, donated=realised.donated
-            )
-        else:
-            priced = price_compiled(text, load_platform(name), plan.mesh)
+        priced = price(load_platform(name))
         out[name] = Evaluation(
             time=priced.t_comm + priced.t_comp,
             t_comm=priced.t_comm,

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
@@ -233,6 +234,26 @@ def test_ten_times_the_bandwidth_cuts_communication_not_computation() -> None:
     )
 
 
+def _profile_layer_to_head(
+    selected: Callable[[str], bool], on_program: Callable[[int], None] | None = None
+) -> pd.DataFrame:
+    """Tiny GPT's layer->head boundaries whose configuration `selected` accepts, profiled
+    cold on mesh 4 by two threads."""
+    graph, analysis, segmentation = _tiny_gpt()
+    return profile_all(
+        graph,
+        analysis,
+        segmentation,
+        mesh_spec((4,)),
+        platform=load_platform("a100-pcie-8"),
+        cache=ProfileCache(None),
+        progress=False,
+        workers=2,
+        only=lambda kind, label, config: label == "layer->head" and selected(config),
+        on_program=on_program,
+    )
+
+
 def test_priced_executables_are_released_and_progress_is_reported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -242,7 +263,6 @@ def test_priced_executables_are_released_and_progress_is_reported(
     worker processes, see the next test). benchmarks/profile_memory_bench.py measures a run
     of 1,000."""
     monkeypatch.setattr(backends, "COMPILE_IN_WORKERS", False)
-    graph, analysis, segmentation = _tiny_gpt()
     compiled: list[weakref.ref[Any]] = []
     original = backends.compile_program
 
@@ -254,17 +274,8 @@ def test_priced_executables_are_released_and_progress_is_reported(
     monkeypatch.setattr(backends, "compile_program", tracked)
     monkeypatch.setattr(runner, "RELEASE_EVERY", 2)
     counted: list[int] = []
-    table = profile_all(
-        graph,
-        analysis,
-        segmentation,
-        mesh_spec((4,)),
-        platform=load_platform("a100-pcie-8"),
-        cache=ProfileCache(None),
-        progress=False,
-        workers=2,
-        only=lambda kind, label, config: label == "layer->head" and config.endswith("->M@x"),
-        on_program=counted.append,
+    table = _profile_layer_to_head(
+        lambda config: config.endswith("->M@x"), on_program=counted.append
     )
     assert len(table) >= 3 and (table["status"] == "ok").all()
     programs = distinct_programs(table)
@@ -280,29 +291,14 @@ def test_profiles_compiled_in_recycled_workers_equal_profiles_compiled_here(
     """Compile-only profiling compiles in worker processes that exit every few programs
     (here after each): every row is the row the same program gives compiled in this
     process."""
-    graph, analysis, segmentation = _tiny_gpt()
     workers = CompileWorkers(processes=2, device_count=jax.device_count(), programs_per_worker=1)
     monkeypatch.setattr(runner, "compile_workers", lambda backend, threads: workers)
-
-    def profiles() -> pd.DataFrame:
-        return profile_all(
-            graph,
-            analysis,
-            segmentation,
-            mesh_spec((4,)),
-            platform=load_platform("a100-pcie-8"),
-            cache=ProfileCache(None),
-            progress=False,
-            workers=2,
-            only=lambda kind, label, config: label == "layer->head",
-        )
-
     try:
-        there = profiles()
+        there = _profile_layer_to_head(lambda config: True)
     finally:
         workers.close()
     monkeypatch.setattr(runner, "compile_workers", lambda backend, threads: None)
-    here = profiles()
+    here = _profile_layer_to_head(lambda config: True)
     programs = distinct_programs(there)
     assert programs >= 3 and (there["status"] == "ok").all()
     assert workers.started == programs  # a fresh worker for every program

@@ -144,29 +144,33 @@ class CompileWorkers:
         """Compile one program in a worker. A worker that died between programs (not this
         program's doing) is replaced and the program sent again, once; a worker that dies on
         the program itself raises `WorkerDied`, which names how it ended."""
-        for attempt in range(2):
-            worker = self._idle.get()  # blocks while every worker is busy
-            try:
-                worker = worker or self._start()
-                status, payload = worker.ask(request)
-            except BaseException as err:
-                # the slot goes back whatever happened, or later calls would wait forever
-                if worker is not None:
-                    self._retire(worker)
-                self._idle.put(None)
-                if isinstance(err, WorkerDied) and attempt == 0:
-                    continue
-                raise
-            if worker.compiled >= self.programs_per_worker:
+        try:
+            status, payload = self._ask(request)
+        except WorkerDied:
+            status, payload = self._ask(request)
+        if status == "error":
+            raise CompileFailed(*payload)
+        text: CompiledText = payload
+        return text
+
+    def _ask(self, request: CompileRequest) -> tuple[str, Any]:
+        """Send a request to an idle worker (started if none is) and read its answer."""
+        worker = self._idle.get()  # blocks while every worker is busy
+        try:
+            worker = worker or self._start()
+            answer = worker.ask(request)
+        except BaseException:
+            # the slot goes back whatever happened, or later calls would wait forever
+            if worker is not None:
                 self._retire(worker)
-                self._idle.put(None)
-            else:
-                self._idle.put(worker)
-            if status == "error":
-                raise CompileFailed(*payload)
-            text: CompiledText = payload
-            return text
-        raise AssertionError("unreachable")
+            self._idle.put(None)
+            raise
+        if worker.compiled >= self.programs_per_worker:
+            self._retire(worker)
+            self._idle.put(None)
+        else:
+            self._idle.put(worker)
+        return answer
 
     def pids(self) -> list[int]:
         """The process ids of the workers running now."""
