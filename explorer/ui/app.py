@@ -191,7 +191,7 @@ class Explorer(widgets.VBox):
             continuous_update=True, style=wide, disabled=True, layout={"width": "420px"},
         )  # fmt: skip
         self.budget_w.add_class("explorer-budget")
-        self.budget_label = widgets.HTML("")
+        self.budget_label = widgets.HTML("", layout={"min_width": "300px"})
         self.budget_label.add_class("explorer-budget-label")
         self.fastest_w = widgets.Button(
             description="no budget (fastest)", disabled=True, layout=AUTO
@@ -242,7 +242,14 @@ class Explorer(widgets.VBox):
                 widgets.HBox([self.budget_w, self.budget_label, self.fastest_w, self.uniform_w]),
                 widgets.HBox([self.segment_w, self.level_w, self.roles_w]),
                 self.graph.figure,
-                widgets.HBox([self.bars.figure, self.frontier.figure]),
+                # each figure autosizes to its box: the row shares the width, nothing clipped
+                widgets.HBox(
+                    [
+                        widgets.Box([self.bars.figure], layout={"width": "58%"}),
+                        widgets.Box([self.frontier.figure], layout={"width": "42%"}),
+                    ],
+                    layout={"width": "100%"},
+                ),
                 widgets.HBox([self.pin_block_w, self.pin_strategy_w, self.pin_w, self.unpin_w]),
                 self.pins_label,
                 widgets.HBox([self.baselines_w]),
@@ -790,6 +797,9 @@ class Explorer(widgets.VBox):
             f"{len(choice.configs)} segments, {len(set(choice.configs))} distinct configurations"
             + (f"; pins: {html.escape(pins)}" if pins else "")
             + ("; one configuration per segment type" if s.uniform else "")
+            + "<details class='explorer-strategies'><summary>strategy per block</summary>"
+            + ", ".join(f"{b}: {name}" for b, name in enumerate(choice.strategies) if name)
+            + "</details>"
         )
 
     def _show_graph(self) -> None:
