@@ -1,11 +1,13 @@
-# Two entry points (see README): `make explore` and `make test`. Both set up a local virtual
-# environment from pyproject.toml first, so they work from a fresh clone.
+# Entry points (see README): `make explore` opens the explorer (JupyterLab on
+# notebooks/explore.ipynb, 127.0.0.1, with a token; it prints the URL), `make plan` runs the
+# command-line planner, `make test` lints and tests. Each sets up a local virtual environment
+# from pyproject.toml first, so they work from a fresh clone.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export XLA_FLAGS ?= --xla_force_host_platform_device_count=8
 
-.PHONY: setup explore test lint bench clean
+.PHONY: setup explore plan test lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 explore: setup
+	$(PY) -m explorer.ui.lab $(EXPLORE_ARGS)
+
+plan: setup
 	$(PY) -m explorer plan --model gpt --preset tiny --mesh 4
 
 lint: setup

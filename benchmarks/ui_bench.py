@@ -2,8 +2,8 @@
 
 Tiny GPT at 48 layers on mesh 4, the whole configuration space profiled (106 programs, the
 same as at 2 layers: a warm cache makes this cheap after the first run). Each step sets the
-slider widget's value, as a drag does: the observer, the frontier lookup, the plan summary,
-the graph restyle, the bars' highlight and the frontier marker. Run:
+slider widget's value (one step per frontier plan), as a drag does: the observer, the frontier
+lookup, the plan summary, the graph restyle, the bars' highlight and the frontier marker. Run:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/ui_bench.py [layers]
 """
@@ -46,7 +46,7 @@ def main() -> None:
     for _ in range(STEPS):
         before = app.summary
         start = time.perf_counter()
-        app.budget_w.value = rng.uniform(low, high)  # MiB, as the slider sends it
+        app.budget_w.value = rng.randint(low, high)  # a frontier plan, as the slider sends it
         walls.append(time.perf_counter() - start)
         changed += app.summary != before
     for name, samples in (("re-solve and views", app.timings), ("slider observer", walls)):

@@ -3,8 +3,9 @@ system Chromium (never a downloaded browser).
 
 JupyterLab serves a temporary copy of notebooks/ with this interpreter's kernel; the test runs
 every cell from the Run menu, moves the budget slider with the keyboard, checks the plan
-summary changed, clicks Export and checks the file was written, then saves a screenshot of the
-app to assets/explorer.png. The notebook shares the test session's profile cache
+summary changed, clicks Export and checks the file was written and holds the plan shown (its
+time in the summary, its strategy per block in the summary's details), then saves a
+screenshot of the app to assets/explorer.png. The notebook shares the test session's profile cache
 (helpers.SHARED_CACHE) on purpose: the cold run is test_notebook's job.
 
 Without Chromium the test skips locally, but fails under CI (`CI` set, as `.ci/run` does).
@@ -26,6 +27,8 @@ from typing import Any
 
 import pytest
 from helpers import SHARED_CACHE
+
+from explorer import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("EXPLORER_CHROMIUM", "/usr/bin/chromium"))
@@ -179,6 +182,13 @@ def test_the_explorer_in_jupyterlab(lab: tuple[str, Path], tmp_path: Path) -> No
             expect(app.locator("a.explorer-download")).to_be_visible()
             message = app.locator(".explorer-message").inner_text()
             assert "failed" not in message, message
+            # what is exported is what is shown: the same time and the same strategies
+            exported = load_plan(plan)
+            shown = summary.inner_text()
+            assert f"{1e3 * exported.time:.4f} ms/step" in shown, (shown, exported.time)
+            strategies = app.locator(".explorer-strategies").text_content() or ""
+            listed = ", ".join(f"{b}: {n}" for b, n in enumerate(exported.strategies) if n)
+            assert strategies.removeprefix("strategy per block") == listed, strategies
 
             SCREENSHOT.parent.mkdir(exist_ok=True)
             app.screenshot(path=str(SCREENSHOT))

@@ -112,7 +112,7 @@ def test_the_budget_slider_re_solves_and_updates_every_view(app: Explorer) -> No
     builds = app.layouts.builds
     summary, looks, chosen = app.summary, _looks(app), app.bars.data.chosen
 
-    app.budget_w.value = points[0].memory / 2**20  # as a user drags the slider
+    app.budget_w.value = 0  # as a user drags the slider to its first step: the smallest plan
     expected = analysis.plan(memory_budget=points[0].memory)
     assert app.choice is not None
     assert app.choice.strategies == expected.strategies
@@ -126,7 +126,8 @@ def test_the_budget_slider_re_solves_and_updates_every_view(app: Explorer) -> No
     assert app.frontier.figure.layout.shapes[0].x0 == pytest.approx(points[0].memory / 2**20)
     assert app.plan is not None and app.plan.document == expected.document
 
-    app.budget_w.value = app.budget_w.min  # below every plan
+    assert app.session.budget == points[0].memory
+    app.set_budget(points[0].memory - 1)  # below every plan (from code: no slider step is)
     assert "no plan fits" in app.message and "No plan" in app.summary
     assert app.export_w.disabled and app.frontier.figure.data[1].x == ()
     app.fastest_w.click()
@@ -149,9 +150,12 @@ def test_pins_force_a_strategy_and_re_solve(app: Explorer) -> None:
     assert analysis.plan(pins={block: wanted}).strategies == app.choice.strategies
     hover = [h for t in _node_traces(app) for h in t.hovertext]
     assert any(f"{wanted} on 1 of 2" in h for h in hover)
-    # a strategy the quick look never profiled for this block: the reason, visibly
-    app.pin(analysis.segments.instances[1].blocks[0], "K@x")
-    assert "no profiled configuration" in app.message and "No plan" in app.summary
+    # a strategy the quick look never profiled for this block: the reason, visibly, and the
+    # pin is not kept (the plan shown stays)
+    shown = app.summary
+    assert not app.pin(analysis.segments.instances[1].blocks[0], "K@x")
+    assert "pin not kept" in app.message and "no profiled configuration" in app.message
+    assert app.summary == shown and app.session.pins == {block: wanted}
     app.unpin_w.click()
     assert app.message == "" and "no pins" in app.pins_label.value
 

@@ -13,6 +13,8 @@ build, compile or run is recorded as infeasible with its reason and never stops 
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import ctypes
 import ctypes.util
 import functools
@@ -22,6 +24,7 @@ import itertools
 import json
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -92,6 +95,35 @@ RELEASE_EVERY = 100
 PROGRAM_VERSION = "pull-14"
 
 
+class ProfilingCancelled(ExplorerError):
+    """A run stopped by its `cancel` event: the programs it finished are in the cache."""
+
+    def __init__(self, finished: int, total: int) -> None:
+        self.finished, self.total = finished, total
+        super().__init__(
+            f"profiling cancelled: {finished} of {total} programs to compile were profiled and "
+            f"kept in the cache, {total - finished} not started; run again to continue from "
+            "the cache"
+        )
+
+
+# The cancel event of `profile_all` for callers that reach it through `analyze` (see
+# `cancellable`); an explicit `cancel=` argument takes precedence.
+_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "explorer_profiling_cancel", default=None
+)
+
+
+@contextlib.contextmanager
+def cancellable(cancel: threading.Event) -> Iterator[threading.Event]:
+    """Within this block (on this thread), `profile_all` stops when `cancel` is set."""
+    token = _CANCEL.set(cancel)
+    try:
+        yield cancel
+    finally:
+        _CANCEL.reset(token)
+
+
 @dataclass(frozen=True, slots=True)
 class _Built:
     """A program ready to compile, with what pricing it needs besides the compiler."""
@@ -131,6 +163,7 @@ def profile_all(
     only: Callable[[str, str, str], bool] | None = None,
     time_limit_factor: float = DYNAMIC_LIMIT_FACTOR,
     on_program: Callable[[int], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> pd.DataFrame:
     """Profile every unique segment configuration and boundary; one row per program.
 
@@ -138,6 +171,10 @@ def profile_all(
     one segment, or a test); by default everything is profiled. `on_program(n)` is called
     after each program this run compiles and prices (not the cached ones), with the number
     priced so far (a progress or memory probe).
+
+    `cancel` (default: the event of an enclosing `cancellable` block) is checked before each
+    program is started: once it is set, the programs already compiling are finished and
+    cached, no other starts, and `ProfilingCancelled` says how many were done.
     """
     backend = Backend(backend)
     if backend is Backend.MEASURED and jax.device_count() != mesh.size:
@@ -162,7 +199,8 @@ def profile_all(
     first_round = list(context.segment_jobs()) + list(context.reshard_jobs())
     if only is not None:  # a configuration with a context is selected by its own part
         first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]
-    rows += _run(first_round, context, cache, workers, progress, tick=tick)
+    cancel = cancel if cancel is not None else _CANCEL.get()
+    rows += _run(first_round, context, cache, workers, progress, tick=tick, cancel=cancel)
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -342,6 +380,7 @@ def _run(
     progress: bool,
     *,
     tick: Callable[[], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[dict[str, Any]]:
     rows = [_row(job, _nothing_moves(job), context, was_cached=False) for job in jobs if job.free]
     jobs = [job for job in jobs if not job.free]
@@ -371,13 +410,19 @@ def _run(
         def submit(job: _Job) -> Future[Any]:
             return pool.submit(_compile, job, context.backend, processes)
 
+        def cancelled() -> bool:
+            return cancel is not None and cancel.is_set()
+
         for job in itertools.islice(pending, ahead):
-            window.append((job, submit(job)))
+            if not cancelled():
+                window.append((job, submit(job)))
         while window:
             job, future = window.popleft()  # in submission order: measurement stays sequential
+            if cancelled() and future.cancel():  # not started: drop it
+                continue
             record = _finish(job, future, context, best)
             del future
-            following = next(pending, None)
+            following = None if cancelled() else next(pending, None)
             if following is not None:
                 window.append((following, submit(following)))
             cache.put(record)
@@ -391,6 +436,8 @@ def _run(
                 _release_memory()
     if bar is not None:
         bar.close()
+    if cancelled() and done < len(todo):
+        raise ProfilingCancelled(done, len(todo))
     return rows
 
 

@@ -28,8 +28,9 @@ from explorer import models
 from explorer.errors import ExplorerError
 from explorer.pipeline import DEFAULT_CACHE, Analysis, analyze
 from explorer.plan import Plan
-from explorer.profile.runner import distinct_programs
-from explorer.solve import Frontier
+from explorer.profile.runner import ProfilingCancelled, cancellable, distinct_programs
+from explorer.solve import Frontier, NoPlanFitsError
+from explorer.ui import style
 from explorer.ui.bars import (
     BarsData,
     BarsView,
@@ -42,10 +43,12 @@ from explorer.ui.bars import (
 )
 from explorer.ui.frontier import FrontierView, frontier_data
 from explorer.ui.graph import ROLE_FILTERS, GraphView, LayoutCache
+from explorer.ui.inputs import budget_problem, check_arguments, pin_problem, presets
 from explorer.ui.state import (
     Choice,
     Session,
     Settings,
+    Snapshot,
     choice_from_point,
     counting,
     paired_strategies,
@@ -56,27 +59,7 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-PRESET_NAMES = (
-    "tiny", "small", "gpt_2_6b", "gpt_6_7b", "llama_7b", "moe_7_1b", "bert_large",
-)  # fmt: skip
-SLIDER_STEPS = 100
 AUTO = {"width": "auto", "flex": "0 0 auto"}  # buttons keep their label's width
-
-
-def presets(model: str) -> list[str]:
-    """Presets the model's config class provides."""
-    _, config_cls = models.MODELS[model]
-    found = []
-    for name in PRESET_NAMES:
-        maker = getattr(config_cls, name, None)
-        if maker is None:
-            continue
-        try:
-            maker()
-        except NotImplementedError:
-            continue
-        found.append(name)
-    return found
 
 
 def mesh_shapes(devices: int) -> list[tuple[int, ...]]:
@@ -105,7 +88,12 @@ def excluded_notes(analysis: Analysis) -> list[str]:
 
 
 class Explorer(widgets.VBox):
-    """The plan explorer for one model zoo step; `display(Explorer())` in a notebook."""
+    """The plan explorer for one model zoo step; `display(Explorer())` in a notebook.
+
+    Arguments the app cannot use (an unknown model, preset, platform or backend; a mesh with
+    more devices than JAX sees) are reported in its message area, listing what it accepts;
+    the controls then show valid choices and `run` waits until one of them is changed.
+    """
 
     def __init__(
         self,
@@ -124,6 +112,20 @@ class Explorer(widgets.VBox):
     ) -> None:
         import jax
 
+        from explorer.platforms import list_platforms
+
+        max_devices = jax.device_count()
+        checked = check_arguments(
+            model, preset, layers=layers, mesh=mesh, platform=platform, backend=backend,
+            devices=max_devices, platforms=list_platforms(),
+        )  # fmt: skip
+        model, preset, layers = checked.model, checked.preset, checked.layers
+        mesh, platform, backend = checked.mesh, checked.platform, checked.backend
+        # refused arguments block `run` until a control is changed (see `_invalid`)
+        self._invalid = "; ".join(checked.problems)
+        if reason := budget_problem(budget):
+            self._invalid = "; ".join(filter(None, [self._invalid, reason]))
+            budget = None
         self.session = Session(
             Settings(model, preset, layers, tuple(mesh), platform, backend, quick)
         )
@@ -134,27 +136,26 @@ class Explorer(widgets.VBox):
         self._lock = threading.RLock()
         self._worker: threading.Thread | None = None
         self._symbolic: Symbolic = Symbolic({}, "")
+        self._unit = style.MIB  # the memory unit of the current analysis (see _present)
         self._bars_base: dict[int, BarsData] = {}  # per segment type, for the current analysis
         self._syncing = False  # set while the app itself moves a control
         self._notes: list[str] = []  # warnings about the current run, shown until the next
         self._last: tuple[str, str] = ("", "error")
+        self._cancel = threading.Event()
         self.timings: list[float] = []  # seconds of kernel-side work per re-solve
 
-        from explorer.platforms import list_platforms
-
-        max_devices = jax.device_count()
-        style = {"description_width": "initial"}
+        wide = {"description_width": "initial"}
         self.model_w = widgets.Dropdown(
             options=sorted(models.MODELS), value=model, description="model"
         )
         self.preset_w = widgets.Dropdown(options=presets(model), value=preset, description="preset")
         self.layers_w = widgets.BoundedIntText(
-            value=layers or 0, min=0, max=512, description="layers (0: preset)", style=style,
+            value=layers or 0, min=0, max=512, description="layers (0: preset)", style=wide,
             layout={"width": "170px"},
         )  # fmt: skip
         self.devices_w = widgets.Dropdown(
             options=list(range(1, max_devices + 1)),
-            value=min(math.prod(mesh), max_devices),
+            value=math.prod(mesh),
             description="devices",
             layout={"width": "150px"},
         )
@@ -173,18 +174,25 @@ class Explorer(widgets.VBox):
         self.run_w = widgets.Button(
             description="Profile and solve", button_style="primary", icon="play", layout=AUTO
         )
+        self.cancel_w = widgets.Button(
+            description="Cancel", icon="stop", disabled=True, layout=AUTO,
+            tooltip="stop profiling; the programs already profiled stay in the cache",
+        )  # fmt: skip
+        self.cancel_w.add_class("explorer-cancel")
         self.progress_w = widgets.IntProgress(value=0, min=0, max=1, description="profiling")
         self.progress_label = widgets.Label("")
         self.message_w = widgets.HTML("", layout={"width": "100%"})
         self.message_w.add_class("explorer-message")
         self.summary_w = widgets.HTML("<i>Press “Profile and solve”.</i>")
         self.summary_w.add_class("explorer-summary")
-        self.budget_w = widgets.FloatSlider(
-            value=0.0, min=0.0, max=1.0, step=0.01, description="memory budget (MiB)",
-            continuous_update=True, readout_format=".4g", style=style, disabled=True,
-            layout={"width": "640px"},
+        # one slider step per frontier plan: every position is a plan, none is rounded
+        self.budget_w = widgets.IntSlider(
+            value=0, min=0, max=0, step=1, description="memory budget", readout=False,
+            continuous_update=True, style=wide, disabled=True, layout={"width": "420px"},
         )  # fmt: skip
         self.budget_w.add_class("explorer-budget")
+        self.budget_label = widgets.HTML("", layout={"min_width": "300px"})
+        self.budget_label.add_class("explorer-budget-label")
         self.fastest_w = widgets.Button(
             description="no budget (fastest)", disabled=True, layout=AUTO
         )
@@ -194,7 +202,7 @@ class Explorer(widgets.VBox):
         self.segment_w = widgets.Dropdown(description="segment", options=[])
         self.level_w = widgets.ToggleButtons(options=["blocks", "ops"], value="blocks")
         self.roles_w = widgets.ToggleButtons(options=list(ROLE_FILTERS), value="all")
-        self.pin_block_w = widgets.Dropdown(description="pin block", options=[], style=style)
+        self.pin_block_w = widgets.Dropdown(description="pin block", options=[], style=wide)
         self.pin_strategy_w = widgets.Dropdown(description="strategy", options=[])
         self.pin_w = widgets.Button(description="Pin and re-solve", icon="thumb-tack", layout=AUTO)
         self.unpin_w = widgets.Button(description="Clear pins")
@@ -221,7 +229,9 @@ class Explorer(widgets.VBox):
             [
                 widgets.HBox([self.model_w, self.preset_w, self.layers_w]),
                 widgets.HBox([self.devices_w, self.mesh_w, self.platform_w, self.backend_w]),
-                widgets.HBox([self.quick_w, self.run_w, self.progress_w, self.progress_label]),
+                widgets.HBox(
+                    [self.quick_w, self.run_w, self.cancel_w, self.progress_w, self.progress_label]
+                ),
             ]
         )
         super().__init__(
@@ -229,18 +239,28 @@ class Explorer(widgets.VBox):
                 controls,
                 self.message_w,
                 self.summary_w,
-                widgets.HBox([self.budget_w, self.fastest_w, self.uniform_w]),
+                widgets.HBox([self.budget_w, self.budget_label, self.fastest_w, self.uniform_w]),
                 widgets.HBox([self.segment_w, self.level_w, self.roles_w]),
                 self.graph.figure,
-                widgets.HBox([self.bars.figure, self.frontier.figure]),
+                # each figure autosizes to its box: the row shares the width, nothing clipped
+                widgets.HBox(
+                    [
+                        widgets.Box([self.bars.figure], layout={"width": "58%"}),
+                        widgets.Box([self.frontier.figure], layout={"width": "42%"}),
+                    ],
+                    layout={"width": "100%"},
+                ),
                 widgets.HBox([self.pin_block_w, self.pin_strategy_w, self.pin_w, self.unpin_w]),
                 self.pins_label,
                 widgets.HBox([self.baselines_w]),
                 self.baseline_table,
                 widgets.HBox([self.export_path_w, self.export_w, self.download_w]),
+                widgets.HTML(f"<small>{style.GLOSSARY}</small>"),
             ]
         )
         self.add_class("explorer-app")
+        if self._invalid:
+            self._say(self._refused(), "error")
 
     # -- public verbs (the buttons call these; so can a notebook or a test) -------------------
 
@@ -275,7 +295,10 @@ class Explorer(widgets.VBox):
     def run(self) -> threading.Thread | None:
         """Profile and solve with the controls' settings on a background thread."""
         if self._worker is not None and self._worker.is_alive():
-            self._say("a run is already in progress; wait for it to finish", "info")
+            self._say("a run is already in progress; wait for it, or press Cancel", "info")
+            return None
+        if self._invalid:
+            self._say(self._refused(), "error")
             return None
         try:
             settings = self._settings()
@@ -284,13 +307,24 @@ class Explorer(widgets.VBox):
             return None
         self._notes = []
         self._say("")
+        self._cancel = threading.Event()
         self.run_w.disabled = True
+        self.cancel_w.disabled = False
         self.progress_w.value, self.progress_w.max, self.progress_w.bar_style = 0, 1, "info"
         self.progress_label.value = "tracing..."
         worker = threading.Thread(target=self._profile, args=(settings,), daemon=True)
         self._worker = worker
         worker.start()
         return worker
+
+    def cancel(self) -> None:
+        """Stop the current run: the programs being compiled finish and are cached, no other
+        starts; the app goes back to what it showed before the run."""
+        if self._worker is None or not self._worker.is_alive():
+            return
+        self._cancel.set()
+        self.cancel_w.disabled = True
+        self.progress_label.value = "cancelling: finishing the programs being compiled..."
 
     def wait(self, timeout: float | None = None) -> Analysis | None:
         """Block until the current run is done; its error, if any, is in `message`."""
@@ -299,21 +333,40 @@ class Explorer(widgets.VBox):
         return self.session.analysis
 
     def set_budget(self, budget: float | None) -> None:
-        """Budget in bytes per device (None: the fastest plan); moves the slider."""
+        """Budget in bytes per device (None: the fastest plan), kept exactly as given; the
+        slider moves to the plan it selects."""
+        if reason := budget_problem(budget):
+            self._say(html.escape(reason), "error")
+            return
         with self._lock:
             self.session.budget = budget
-            if budget is not None and not self.budget_w.disabled:
-                self._syncing = True
-                try:
-                    self.budget_w.value = budget / 2**20
-                finally:
-                    self._syncing = False
             self._resolve()
 
-    def pin(self, block: int, strategy: str) -> None:
+    def pin(self, block: int, strategy: str) -> bool:
+        """Force `block` onto `strategy` and re-solve. A pin on a missing block or strategy,
+        or one that leaves no plan, is not kept: the message area says why."""
         with self._lock:
-            self.session.pins[block] = strategy
+            s = self.session
+            if reason := pin_problem(s.analysis, block, strategy):
+                self._say(html.escape(reason), "error")
+                return False
+            previous = s.pins.get(block)
+            s.pins[block] = strategy
+            try:
+                self._current_frontier()
+            except ExplorerError as err:
+                if previous is None:
+                    del s.pins[block]
+                else:
+                    s.pins[block] = previous
+                self._say(
+                    f"<b>pin not kept</b>: block {block} on {html.escape(strategy)} leaves no "
+                    f"plan: {html.escape(str(err))}",
+                    "error",
+                )
+                return False
             self._resolve()
+            return True
 
     def clear_pins(self) -> None:
         with self._lock:
@@ -362,7 +415,21 @@ class Explorer(widgets.VBox):
         plan = self.plan
         if plan is None:
             raise ExplorerError("no plan to export: profile and solve first, or raise the budget")
+        shown = self.session.choice
+        if (
+            shown is None
+            or plan.strategies != shown.strategies
+            or not math.isclose(plan.time, shown.time, rel_tol=1e-9)
+        ):
+            raise ExplorerError(
+                "the plan to export differs from the plan shown; move the budget or re-solve"
+            )
         target = Path(path if path is not None else self.export_path_w.value).expanduser()
+        if target.is_dir():
+            raise ExplorerError(
+                f"export to {target}: expected a file path, found a directory; "
+                f"try {target / 'plan.json'}"
+            )
         written = plan.save(target)
         payload = base64.b64encode(plan.to_json().encode()).decode()
         self.download_w.value = (
@@ -372,6 +439,7 @@ class Explorer(widgets.VBox):
             f"download {html.escape(written.name)}</a>"
         )
         self.session.exported = str(written)
+        self._say("")  # an earlier export error is superseded
         return written
 
     def compute_baselines(self, wait: bool = False) -> threading.Thread:
@@ -385,14 +453,14 @@ class Explorer(widgets.VBox):
 
         def show(row: BaselineRow) -> None:
             rows.append(row)
-            self.baseline_table.value = table_html(tuple(rows)) + "<i>...</i>"
+            self.baseline_table.value = table_html(tuple(rows), self._unit) + "<i>...</i>"
 
         def work() -> None:
             try:
                 result = baseline_rows(analysis, plan, done=show)
                 with self._lock:
                     self.session.baselines = result
-                    self.baseline_table.value = table_html(result)
+                    self.baseline_table.value = table_html(result, self._unit)
                     self._show_frontier()
             except Exception as err:
                 self._error("baselines", err)
@@ -408,6 +476,8 @@ class Explorer(widgets.VBox):
     # -- the background run ---------------------------------------------------------------------
 
     def _profile(self, settings: Settings) -> None:
+        with self._lock:
+            before = self._snapshot()
         try:
             model_fn, config_cls = models.MODELS[settings.model]
             config = getattr(config_cls, settings.preset)()
@@ -435,9 +505,11 @@ class Explorer(widgets.VBox):
             poller.start()
             start = time.perf_counter()
             try:
-                result = analyze(
-                    step, *args, cache=self.cache, progress=False, only=only, **common, **options
-                )
+                with cancellable(self._cancel):
+                    result = analyze(
+                        step, *args, cache=self.cache, progress=False, only=only, **common,
+                        **options,
+                    )  # fmt: skip
             finally:
                 stop.set()
                 poller.join()
@@ -454,12 +526,60 @@ class Explorer(widgets.VBox):
             with self._lock:
                 self._symbolic = symbolic_costs(result)
                 self._adopt(result, settings)
+        except ProfilingCancelled as err:
+            with self._lock:
+                self._restore(before)
+            self.progress_w.bar_style = "warning"
+            self.progress_label.value = (
+                f"cancelled: {err.finished} new programs profiled and cached"
+            )
+            self._say(f"{html.escape(str(err))}.{self._restored_note(before)}", "info")
         except Exception as err:
+            with self._lock:
+                self._restore(before)
             self.progress_w.bar_style = "danger"
-            self.progress_label.value = "failed"
-            self._error("profiling", err)
+            self.progress_label.value = "failed: see the message above"
+            self._error("profiling", err, self._restored_note(before))
         finally:
             self.run_w.disabled = False
+            self.cancel_w.disabled = True
+
+    def _snapshot(self) -> Snapshot:
+        s = self.session
+        return Snapshot(
+            s.settings, s.analysis, s.budget, tuple(sorted(s.pins.items())), s.uniform,
+            s.selected, s.analysis_key, s.level, s.baselines, self._symbolic, tuple(self._notes),
+        )  # fmt: skip
+
+    def _restore(self, before: Snapshot) -> None:
+        """Back to what the app showed before a run that did not finish: nothing computed is
+        lost, and nothing of the unfinished run (its progress, its "profiling...") stays."""
+        s = self.session
+        s.settings, s.analysis, s.budget = before.settings, before.analysis, before.budget
+        s.pins = dict(before.pins)
+        s.uniform, s.selected, s.analysis_key = before.uniform, before.selected, before.analysis_key
+        s.level, s.baselines, self._symbolic = before.level, before.baselines, before.symbolic
+        s.choice = s.plan = None
+        self._notes = list(before.notes)
+        self._bars_base = {}
+        if s.analysis is None:
+            self.graph.clear("no analysis: press “Profile and solve”")
+            self.bars.show(empty_bars("not profiled"))
+            self.frontier.show(frontier_data(None, None, None))
+            self.summary_w.value = "<b>No plan</b>: the run did not finish (see the message above)."
+            self.export_w.disabled = self.budget_w.disabled = self.fastest_w.disabled = True
+            return
+        self._present(s.analysis)
+
+    @staticmethod
+    def _restored_note(before: Snapshot) -> str:
+        if before.analysis is None:
+            return ""
+        settings = before.settings
+        return (
+            f" Showing the previous analysis ({html.escape(settings.model)} "
+            f"{html.escape(settings.preset)} on mesh {settings.mesh_text})."
+        )
 
     def _poll(self, stop: threading.Event, accepted: list[int], total: int) -> None:
         """Progress from the profile cache: each finished program is committed there."""
@@ -487,8 +607,14 @@ class Explorer(widgets.VBox):
     # -- state changes ------------------------------------------------------------------------
 
     def _adopt(self, analysis: Analysis, settings: Settings) -> None:
-        """A new analysis (shape only, or profiled): reset what depends on it, redraw."""
+        """A new analysis (shape only, or profiled): reset what depends on it, redraw.
+
+        A new model or mesh opens on its fastest plan: the budget does not carry over (a
+        re-run of the same model and mesh, on another platform or backend, keeps it)."""
         s = self.session
+        same = ("model", "preset", "layers", "mesh")
+        if any(getattr(s.settings, k) != getattr(settings, k) for k in same):
+            s.budget = None
         s.settings = settings
         s.analysis = analysis
         s.pins.clear()
@@ -504,6 +630,15 @@ class Explorer(widgets.VBox):
         s.selected = min(s.selected, len(analysis.segments.instances) - 1)
         self.baseline_table.value = ""
         self.download_w.value = ""
+        self._present(analysis)
+
+    def _present(self, analysis: Analysis) -> None:
+        """Fill the controls that list the analysis's segments and blocks, and draw it."""
+        s = self.session
+        self._unit = style.memory_unit(
+            analysis.frontier.points[-1].memory if analysis.profile_table is not None else 0
+        )
+        self.baseline_table.value = table_html(s.baselines, self._unit) if s.baselines else ""
         self._syncing = True
         try:
             self.segment_w.options = [
@@ -511,6 +646,8 @@ class Explorer(widgets.VBox):
                 for i in analysis.segments.instances
             ]
             self.segment_w.value = s.selected
+            self.level_w.value = s.level
+            self.uniform_w.value = s.uniform
             self.pin_block_w.options = [
                 (f"{b.index}: {b.scope}", b.index) for b in analysis.blocks if b.strategies
             ]
@@ -522,32 +659,42 @@ class Explorer(widgets.VBox):
             profiled = analysis.profile_table is not None
             self.budget_w.disabled = not profiled
             self.fastest_w.disabled = not profiled
-            if profiled:
-                self._slider_range(analysis)
         finally:
             self._syncing = False
-        self.pins_label.value = "no pins"
+        self._show_pins()
         if analysis.profile_table is None:
             self.summary_w.value = html.escape(
                 f"{len(analysis.blocks)} ParallelBlocks in {len(analysis.segments.instances)} "
                 f"segments on mesh {analysis.mesh}; profiling..."
             )
+            self.budget_label.value = ""
             self._show_graph()
             self.bars.show(empty_bars("profiling..."))
             self.frontier.show(frontier_data(None, None, None))
             return
         self._resolve(redraw=True)
 
-    def _slider_range(self, analysis: Analysis) -> None:
-        points = analysis.frontier.points
-        low, high = points[0].memory / 2**20, points[-1].memory / 2**20
-        span = max(high - low, high * 0.02, 1e-6)
-        lo, hi = max(low - 0.1 * span, 0.0), high + 0.05 * span
-        self.budget_w.min, self.budget_w.max = 0.0, hi  # widen first: min <= max always
-        self.budget_w.min = lo
-        self.budget_w.step = (hi - lo) / SLIDER_STEPS
+    def _show_slider(self, frontier: Frontier, index: int | None) -> None:
+        """One slider position per frontier plan; `index` is the plan shown (None: none fits
+        the budget, the slider rests on the smallest plan)."""
+        points = frontier.points
+        self._syncing = True
+        try:
+            if self.budget_w.max != len(points) - 1:
+                self.budget_w.value = 0
+                self.budget_w.max = len(points) - 1
+            self.budget_w.value = 0 if index is None else index
+        finally:
+            self._syncing = False
         budget = self.session.budget
-        self.budget_w.value = hi if budget is None else min(max(budget / 2**20, lo), hi)
+        unit = self._unit
+        limit = (
+            "none (fastest plan)"
+            if budget is None
+            else f"<span title='{style.exact_bytes(budget)}'>{unit.text(budget)}</span>"
+        )
+        where = "no plan fits" if index is None else f"plan {index + 1} of {len(points)}"
+        self.budget_label.value = f"{limit} per device &middot; {where}"
 
     def _resolve(self, redraw: bool = False) -> None:
         """Re-solve for the session's budget and pins; push the choice to every view.
@@ -561,22 +708,46 @@ class Explorer(widgets.VBox):
             return
         start = time.perf_counter()
         s = self.session
+        previous = s.choice
         s.choice = s.plan = None
+        index: int | None = None
+        frontier: Frontier | None = None
         try:
             frontier = self._current_frontier()
-            point = frontier.points[-1] if s.budget is None else frontier.query(s.budget)
+            points = frontier.points
+            if s.budget is None:
+                index = len(points) - 1
+            else:
+                point = frontier.query(s.budget)
+                index = next(i for i in range(len(points) - 1, -1, -1) if points[i] is point)
             s.choice = replace(
-                choice_from_point(analysis, point, s.budget),
+                choice_from_point(analysis, points[index], s.budget),
                 pins=tuple(sorted(s.pins.items())),
                 uniform=s.uniform,
             )
             if s.level == "ops":
                 self.plan  # noqa: B018 -- builds the document the op hover reads
+        except NoPlanFitsError:
+            assert frontier is not None and s.budget is not None
+            least = frontier.points[0].memory
+            s.choice = s.plan = None
+            self._say(
+                f"no plan fits a memory budget of {self._unit.text(s.budget)} "
+                f"({style.exact_bytes(s.budget)}) per device: the smallest plan needs "
+                f"{self._unit.text(least)} ({style.exact_bytes(least)}). Raise the budget "
+                "(the slider's first position is the smallest plan), use more devices, or add "
+                "a mesh axis.",
+                "error",
+            )
         except ExplorerError as err:
             s.choice = s.plan = None
             self._say(html.escape(str(err)), "error")
         else:
             self._say("")
+        if frontier is not None:
+            self._show_slider(frontier, index)
+        if previous is None or s.choice is None or previous.strategies != s.choice.strategies:
+            self.download_w.value = ""  # the link was for another plan
         self.export_w.disabled = s.choice is None
         self._show_summary()
         if redraw:
@@ -603,23 +774,32 @@ class Explorer(widgets.VBox):
         frontier: Frontier = s.pinned[3]
         return frontier
 
+    def _show_pins(self) -> None:
+        pins = ", ".join(f"block {b}: {n}" for b, n in sorted(self.session.pins.items()))
+        self.pins_label.value = f"pins: {html.escape(pins)}" if pins else "no pins"
+
     def _show_summary(self) -> None:
         s = self.session
         choice, analysis = s.choice, s.analysis
         pins = ", ".join(f"block {b}: {n}" for b, n in sorted(s.pins.items()))
-        self.pins_label.value = f"pins: {html.escape(pins)}" if pins else "no pins"
-        budget = "none (fastest plan)" if s.budget is None else f"{s.budget / 2**20:.4g} MiB"
+        self._show_pins()
+        unit = self._unit
+        budget = "none (fastest plan)" if s.budget is None else unit.text(s.budget)
         if choice is None or analysis is None:
             self.summary_w.value = f"<b>No plan</b> for budget {budget}: see the message above."
             return
         platform = analysis.platform_name
         self.summary_w.value = (
-            f"<b>cfp plan on mesh {html.escape(str(analysis.mesh))} ({html.escape(platform)}, "
-            f"{analysis.backend}): {1e3 * choice.time:.4f} ms/step, "
-            f"{choice.memory / 2**20:.4f} MiB/device</b><br>budget {budget}; "
+            f"<b>Plan on mesh {html.escape(str(analysis.mesh))} ({html.escape(platform)}, "
+            f"{analysis.backend} backend): {1e3 * choice.time:.4f} ms/step, "
+            f"<span title='{style.exact_bytes(choice.memory)}'>{unit.text(choice.memory)}"
+            f"</span> per device</b><br>budget {budget}; "
             f"{len(choice.configs)} segments, {len(set(choice.configs))} distinct configurations"
             + (f"; pins: {html.escape(pins)}" if pins else "")
             + ("; one configuration per segment type" if s.uniform else "")
+            + "<details class='explorer-strategies'><summary>strategy per block</summary>"
+            + ", ".join(f"{b}: {name}" for b, name in enumerate(choice.strategies) if name)
+            + "</details>"
         )
 
     def _show_graph(self) -> None:
@@ -640,7 +820,7 @@ class Explorer(widgets.VBox):
         same = [i.index for i in analysis.segments.instances if i.unique_id == instance.unique_id]
         base = self._bars_base.get(instance.unique_id)
         if base is None:
-            base = profiled_bars(analysis, instance.unique_id, self._symbolic)
+            base = profiled_bars(analysis, instance.unique_id, self._symbolic, self._unit)
             self._bars_base[instance.unique_id] = base
         used = used_configs(s.choice.configs if s.choice else (), same)
         self.bars.show(with_chosen(base, used))
@@ -652,7 +832,7 @@ class Explorer(widgets.VBox):
             return
         current = None if s.choice is None else (s.choice.memory, s.choice.time)
         others = tuple(
-            (r.name, r.memory, r.predicted_s)
+            (style.plan_name(r.name), r.memory, r.predicted_s)
             for r in s.baselines
             if r.name != "cfp" and r.memory is not None and r.predicted_s is not None
         )
@@ -666,7 +846,9 @@ class Explorer(widgets.VBox):
         except ExplorerError:  # the message area already says why
             frontier = analysis.frontier
             note = "unpinned: the pins leave no plan"
-        self.frontier.show(frontier_data(frontier, current, s.budget, others, note))
+        self.frontier.show(
+            frontier_data(frontier, current, s.budget, others, note, unit=self._unit)
+        )
 
     # -- controls -----------------------------------------------------------------------------
 
@@ -714,13 +896,19 @@ class Explorer(widgets.VBox):
 
         on(self.model_w, lambda m: setattr(self.preset_w, "options", presets(m)))
         on(self.devices_w, self._mesh_options)
-        on(self.budget_w, lambda v: self.set_budget(v * 2**20))
+        on(self.budget_w, self._slider_moved)
         on(self.uniform_w, self._set_uniform)
         on(self.segment_w, self._segment_chosen)
         on(self.level_w, self.set_level)
         on(self.roles_w, self.set_roles)
         on(self.pin_block_w, lambda _: self._pin_strategies())
         click(self.run_w, self.run)
+        click(self.cancel_w, self.cancel)
+        for control in (
+            self.model_w, self.preset_w, self.layers_w, self.devices_w, self.mesh_w,
+            self.platform_w, self.backend_w,
+        ):  # fmt: skip
+            control.observe(self._settings_changed, names="value")
         click(self.fastest_w, self._fastest)
         click(self.pin_w, self._pin_clicked)
         click(self.unpin_w, self.clear_pins)
@@ -739,12 +927,27 @@ class Explorer(widgets.VBox):
     def _fastest(self) -> None:
         with self._lock:
             self.session.budget = None
-            self._syncing = True
-            try:
-                self.budget_w.value = self.budget_w.max
-            finally:
-                self._syncing = False
             self._resolve()
+
+    def _slider_moved(self, index: int) -> None:
+        """A slider step is a frontier plan: the budget becomes exactly that plan's memory."""
+        with self._lock:
+            if self.session.analysis is None or self.session.analysis.profile_table is None:
+                return
+            points = self._current_frontier().points
+            self.session.budget = points[min(max(int(index), 0), len(points) - 1)].memory
+            self._resolve()
+
+    def _settings_changed(self, change: dict[str, Any]) -> None:
+        if self._invalid and not self._syncing:
+            self._invalid = ""
+            self._say("")
+
+    def _refused(self) -> str:
+        return (
+            f"<b>Explorer arguments refused.</b> {html.escape(self._invalid)}. The controls show "
+            "valid choices instead: change one of them (or create the app again) to profile."
+        )
 
     def _pin_clicked(self) -> None:
         block, strategy = self.pin_block_w.value, self.pin_strategy_w.value
@@ -767,7 +970,7 @@ class Explorer(widgets.VBox):
 
         return guarded
 
-    def _error(self, where: str, err: BaseException) -> None:
+    def _error(self, where: str, err: BaseException, after: str = "") -> None:
         log.warning("explorer %s failed", where, exc_info=err)
         if isinstance(err, ExplorerError | ValueError):
             text = f"{type(err).__name__}: {err}"
@@ -775,7 +978,7 @@ class Explorer(widgets.VBox):
         else:
             text = f"{type(err).__name__}: {err}"
             detail = "".join(traceback.format_exception(err)[-6:])
-        body = f"<b>{html.escape(where)} failed.</b> {html.escape(text)}"
+        body = f"<b>{html.escape(where)} failed.</b> {html.escape(text)}{after}"
         if detail:
             body += (
                 f"<details><summary>traceback</summary><pre>{html.escape(detail)}</pre></details>"

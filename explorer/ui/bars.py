@@ -1,9 +1,10 @@
 """Per-configuration bars for one segment type (the paper's Fig. 9 view).
 
-For every profiled configuration of the selected segment type: computation and communication
-time stacked, sorted by total; the configurations the current plan uses outlined; peak memory
+For the profiled configurations of the selected segment type: computation and communication
+time stacked, ranked by total; the configurations the current plan uses outlined; peak memory
 on a second axis; the Alpa-style symbolic cost as markers when `explorer.alpa` provides it;
-the collectives the compiler emitted in the hover.
+the collectives the compiler emitted in the hover. A type with many configurations (a GPT
+layer has 81) shows the `TOP` fastest and every one the plan uses, whatever its rank.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from explorer.ui import style
 
 if TYPE_CHECKING:
     from explorer.pipeline import Analysis
+
+TOP = 24  # configurations drawn when a type has more (the plan's are always drawn too)
 
 ALPA_MISSING = (
     "no Alpa-style symbolic cost markers: explorer.alpa is not part of this build "
@@ -61,11 +64,18 @@ class BarsData:
     configs: tuple[str, ...]  # sorted by total time
     t_comp_ms: tuple[float, ...]
     t_comm_ms: tuple[float, ...]
-    memory_mib: tuple[float, ...]
+    memory: tuple[float, ...]  # in `unit`
     symbolic_ms: tuple[float | None, ...]
     chosen: tuple[int, ...]  # per config: how many instances of the type the plan gives it
     collectives: tuple[str, ...]  # per config: hover text
     note: str
+    unit: style.MemoryUnit = style.MIB
+    memory_bytes: tuple[int, ...] = ()
+
+    @property
+    def shown(self) -> tuple[int, ...]:
+        """The configurations drawn, by rank: the `TOP` fastest and every chosen one."""
+        return tuple(i for i in range(len(self.configs)) if i < TOP or self.chosen[i])
 
 
 def with_chosen(base: BarsData, used: Counter[str]) -> BarsData:
@@ -73,7 +83,9 @@ def with_chosen(base: BarsData, used: Counter[str]) -> BarsData:
     return dataclasses.replace(base, chosen=tuple(used.get(c, 0) for c in base.configs))
 
 
-def profiled_bars(analysis: Analysis, segment: int, symbolic: Symbolic) -> BarsData:
+def profiled_bars(
+    analysis: Analysis, segment: int, symbolic: Symbolic, unit: style.MemoryUnit = style.MIB
+) -> BarsData:
     """The plan-independent part of the bars of one segment type (nothing chosen)."""
     table = analysis.profiles
     rows = table[(table["kind"] == "segment") & (table["segment"] == segment)]
@@ -97,7 +109,7 @@ def profiled_bars(analysis: Analysis, segment: int, symbolic: Symbolic) -> BarsD
         configs=configs,
         t_comp_ms=tuple(1e3 * float(v) for v in ok["t_comp"]),
         t_comm_ms=tuple(1e3 * float(v) for v in ok["t_comm"]),
-        memory_mib=tuple(float(v) / 2**20 for v in ok["memory"]),
+        memory=tuple(unit.of(float(v)) for v in ok["memory"]),
         symbolic_ms=tuple(
             None if (segment, c) not in symbolic.costs else 1e3 * symbolic.costs[(segment, c)]
             for c in configs
@@ -105,6 +117,8 @@ def profiled_bars(analysis: Analysis, segment: int, symbolic: Symbolic) -> BarsD
         chosen=tuple(0 for _ in configs),
         collectives=tuple(_collectives_text(v) for v in ok["collectives"]),
         note="; ".join(notes),
+        unit=unit,
+        memory_bytes=tuple(int(v) for v in ok["memory"]),
     )
 
 
@@ -126,6 +140,19 @@ def empty_bars(note: str) -> BarsData:
     return BarsData(-1, "", (), (), (), (), (), (), (), note)
 
 
+def _hover(data: BarsData, i: int) -> str:
+    tp, tc, n = data.t_comp_ms[i], data.t_comm_ms[i], data.chosen[i]
+    share = 100 * tc / (tp + tc) if tp + tc > 0 else 0.0
+    exact = f" ({style.exact_bytes(data.memory_bytes[i])})" if data.memory_bytes else ""
+    return (
+        f"<b>{data.configs[i]}</b> (rank {i + 1} of {len(data.configs)})<br>"
+        f"computation {tp:.4g} ms, communication {tc:.4g} ms ({share:.0f}% of the time)<br>"
+        f"peak memory {data.memory[i]:.4g} {data.unit.name}{exact}"
+        + (f"<br>chosen by the plan on {n} instance(s)" if n else "")
+        + f"<br><i>collectives emitted</i>:<br>{data.collectives[i]}"
+    )
+
+
 class BarsView:
     """One figure; `show` replaces its data in place (the traces stay)."""
 
@@ -134,7 +161,10 @@ class BarsView:
         self.figure = go.FigureWidget(
             data=[
                 go.Bar(name="computation", marker={"color": style.OKABE_ITO[4]}),
-                go.Bar(name="communication", marker={"color": style.OKABE_ITO[5]}),
+                go.Bar(
+                    name="communication",
+                    marker={"color": style.OKABE_ITO[5], "pattern": {"shape": "/"}},
+                ),
                 go.Scatter(
                     name="peak memory",
                     yaxis="y2",
@@ -150,71 +180,60 @@ class BarsView:
             ],
             layout=go.Layout(
                 barmode="stack",
-                height=360,
-                width=610,
-                margin={"l": 50, "r": 50, "t": 80, "b": 80},
-                yaxis={"title": {"text": "time (ms)"}},
-                yaxis2={"title": {"text": "memory (MiB)"}, "overlaying": "y", "side": "right"},
-                xaxis={"tickangle": -60, "tickfont": {"size": 8}},
-                legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
-                template="plotly_white",
+                **style.figure_layout(height=380, margin={"l": 50, "r": 80, "t": 60, "b": 90}),
+                yaxis={"title": {"text": "time per instance (ms)"}},
+                yaxis2={"title": {"text": "peak memory (MiB)"}, "overlaying": "y", "side": "right"},
+                xaxis={"tickangle": -60, "tickfont": {"size": 9}, "type": "category"},
             ),
         )
 
     def show(self, data: BarsData) -> None:
-        """Draw `data`; for the same segment's bars only the highlight is re-sent."""
+        """Draw `data`; for the same segment's bars and ranks only the highlight is re-sent."""
         previous, self.data = self.data, data
-        same = (previous.segment, previous.configs, previous.t_comp_ms, previous.symbolic_ms) == (
-            data.segment,
-            data.configs,
-            data.t_comp_ms,
-            data.symbolic_ms,
-        )
-        configs = list(data.configs)
-        width = [3.0 if c else 0.0 for c in data.chosen]
-        opacity = [1.0 if c else 0.55 for c in data.chosen] if any(data.chosen) else 1.0
-        hover = [
-            f"<b>{c}</b><br>computation {tp:.4g} ms, communication {tc:.4g} ms<br>"
-            f"peak memory {m:.4g} MiB"
-            + (f"<br>chosen by the plan on {n} instance(s)" if n else "")
-            + f"<br><i>collectives emitted</i>:<br>{coll}"
-            for c, tp, tc, m, n, coll in zip(
-                configs,
-                data.t_comp_ms,
-                data.t_comm_ms,
-                data.memory_mib,
-                data.chosen,
-                data.collectives,
-                strict=True,
-            )
-        ]
-        has_symbolic = [i for i, v in enumerate(data.symbolic_ms) if v is not None]
+        shown = data.shown
+
+        def drawn(d: BarsData) -> tuple[Any, ...]:
+            return (d.segment, d.configs, d.t_comp_ms, d.symbolic_ms, d.shown, d.unit)
+
+        same = drawn(previous) == drawn(data)
+        configs = [data.configs[i] for i in shown]
+        width = [3.0 if data.chosen[i] else 0.0 for i in shown]
+        opacity = [1.0 if data.chosen[i] else 0.55 for i in shown] if any(data.chosen) else 1.0
+        hover = [_hover(data, i) for i in shown]
+        has_symbolic = [i for i in shown if data.symbolic_ms[i] is not None]
         fig = self.figure
         with fig.batch_update():
             for trace, values in ((fig.data[0], data.t_comp_ms), (fig.data[1], data.t_comm_ms)):
                 if not same:
                     trace.x = configs
-                    trace.y = list(values)
+                    trace.y = [values[i] for i in shown]
                     trace.hoverinfo = "text"
                 trace.hovertext = hover
                 trace.marker.line = {"color": style.CHOSEN, "width": width}
                 trace.marker.opacity = opacity
             if not same:
                 fig.data[2].x = configs
-                fig.data[2].y = list(data.memory_mib)
-                fig.data[3].x = [configs[i] for i in has_symbolic]
+                fig.data[2].y = [data.memory[i] for i in shown]
+                fig.data[2].hovertext = hover
+                fig.data[2].hoverinfo = "text"
+                fig.data[3].x = [data.configs[i] for i in has_symbolic]
                 fig.data[3].y = [data.symbolic_ms[i] for i in has_symbolic]
-            chosen = [c for c, n in zip(configs, data.chosen, strict=True) if n]
-            fig.layout.title = {
-                "text": (
-                    f"{data.label}: {len(configs)} configurations"
+                fig.layout.yaxis2.title = {"text": f"peak memory ({data.unit.name})"}
+            chosen = [c for c, n in zip(data.configs, data.chosen, strict=True) if n]
+            ranked = (
+                f"the {TOP} fastest of {len(data.configs)} configurations"
+                + (" and the plan's" if len(shown) > TOP else "")
+                if len(data.configs) > TOP
+                else f"{len(data.configs)} configurations"
+            )
+            fig.layout.title = style.title(
+                (
+                    f"{data.label}: {ranked}"
                     + (f"; plan uses {', '.join(chosen)}" if chosen else "")
-                    if configs
-                    else "select a segment"
+                    if data.configs
+                    else (data.note or "select a segment")
                 ),
-                "font": {"size": 12},
-                "y": 0.98,
-            }
+            )
 
 
 def used_configs(configs: tuple[str, ...], instances: list[int]) -> Counter[str]:

@@ -15,12 +15,16 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class FrontierData:
-    memory_mib: tuple[float, ...]
+    """Memory in `unit` (the analysis's one memory unit), times in ms."""
+
+    memory: tuple[float, ...]
     time_ms: tuple[float, ...]
-    current: tuple[float, float] | None  # (memory MiB, time ms) of the current plan
-    budget_mib: float | None
-    others: tuple[tuple[str, float, float], ...] = ()  # (name, memory MiB, time ms) baselines
+    current: tuple[float, float] | None  # (memory, time ms) of the current plan
+    budget: float | None
+    others: tuple[tuple[str, float, float], ...] = ()  # (name, memory, time ms) baselines
     note: str = ""
+    unit: style.MemoryUnit = style.MIB
+    memory_bytes: tuple[int, ...] = ()  # exact, for the hover
 
 
 def frontier_data(
@@ -29,22 +33,27 @@ def frontier_data(
     budget: float | None,
     others: tuple[tuple[str, int, float], ...] = (),
     note: str = "",
+    *,
+    unit: style.MemoryUnit = style.MIB,
 ) -> FrontierData:
     """`current`/`others` as (memory bytes, time seconds)."""
     points = frontier.points if frontier is not None else ()
     return FrontierData(
-        memory_mib=tuple(p.memory / 2**20 for p in points),
+        memory=tuple(unit.of(p.memory) for p in points),
         time_ms=tuple(1e3 * p.time for p in points),
-        current=None if current is None else (current[0] / 2**20, 1e3 * current[1]),
-        budget_mib=None if budget is None else budget / 2**20,
-        others=tuple((name, m / 2**20, 1e3 * t) for name, m, t in others),
+        current=None if current is None else (unit.of(current[0]), 1e3 * current[1]),
+        budget=None if budget is None else unit.of(budget),
+        others=tuple((name, unit.of(m), 1e3 * t) for name, m, t in others),
         note=note,
+        unit=unit,
+        memory_bytes=tuple(int(p.memory) for p in points),
     )
 
 
 class FrontierView:
     def __init__(self) -> None:
         self.data = FrontierData((), (), None, None)
+        layout = style.figure_layout(height=360, margin={"l": 50, "r": 40, "t": 60, "b": 50})
         self.figure = go.FigureWidget(
             data=[
                 go.Scatter(
@@ -52,30 +61,25 @@ class FrontierView:
                     mode="lines+markers",
                     line={"shape": "hv", "color": style.OKABE_ITO[4]},
                     marker={"size": 6},
-                    hovertemplate="%{x:.4g} MiB, %{y:.4g} ms<extra>frontier</extra>",
                 ),
                 go.Scatter(
                     name="current plan",
                     mode="markers",
                     marker={"size": 14, "symbol": "star", "color": style.OKABE_ITO[5]},
-                    hovertemplate="%{x:.4g} MiB, %{y:.4g} ms<extra>current plan</extra>",
+                    hovertemplate="%{x:.4g}, %{y:.4g} ms<extra>current plan</extra>",
                 ),
                 go.Scatter(
                     name="baselines",
                     mode="markers+text",
                     textposition="top center",
                     marker={"size": 9, "symbol": "diamond", "color": style.OKABE_ITO[6]},
-                    hovertemplate="%{text}: %{x:.4g} MiB, %{y:.4g} ms<extra></extra>",
+                    hovertemplate="%{text}: %{x:.4g}, %{y:.4g} ms<extra></extra>",
                 ),
             ],
             layout=go.Layout(
-                height=360,
-                width=430,
-                margin={"l": 50, "r": 10, "t": 80, "b": 50},
+                **layout,
                 xaxis={"title": {"text": "memory per device (MiB)"}},
                 yaxis={"title": {"text": "time per step (ms)"}},
-                legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
-                template="plotly_white",
             ),
         )
 
@@ -84,9 +88,16 @@ class FrontierView:
         previous, self.data = self.data, data
         fig = self.figure
         with fig.batch_update():
-            if (previous.memory_mib, previous.time_ms) != (data.memory_mib, data.time_ms):
-                fig.data[0].x = list(data.memory_mib)
+            if (previous.memory, previous.time_ms) != (data.memory, data.time_ms):
+                fig.data[0].x = list(data.memory)
                 fig.data[0].y = list(data.time_ms)
+                fig.data[0].customdata = [style.exact_bytes(b) for b in data.memory_bytes]
+                fig.data[0].hovertemplate = (
+                    f"%{{x:.4g}} {data.unit.name} (%{{customdata}}), %{{y:.4g}} ms"
+                    "<extra>frontier plan</extra>"
+                )
+            if previous.unit != data.unit or not fig.layout.xaxis.title.text:
+                fig.layout.xaxis.title = {"text": f"memory per device ({data.unit.name})"}
             fig.data[1].x = [] if data.current is None else [data.current[0]]
             fig.data[1].y = [] if data.current is None else [data.current[1]]
             if previous.others != data.others:
@@ -95,12 +106,12 @@ class FrontierView:
                 fig.data[2].text = [n for n, _, _ in data.others]
             fig.layout.shapes = (
                 []
-                if data.budget_mib is None
+                if data.budget is None
                 else [
                     {
                         "type": "line",
-                        "x0": data.budget_mib,
-                        "x1": data.budget_mib,
+                        "x0": data.budget,
+                        "x1": data.budget,
                         "yref": "paper",
                         "y0": 0,
                         "y1": 1,
@@ -108,9 +119,7 @@ class FrontierView:
                     }
                 ]
             )
-            fig.layout.title = {
-                "text": f"{len(data.time_ms)} Pareto-optimal plans"
-                + (f" ({data.note})" if data.note else ""),
-                "font": {"size": 12},
-                "y": 0.98,
-            }
+            fig.layout.title = style.title(
+                f"{len(data.time_ms)} Pareto-optimal plans"
+                + (f" ({data.note})" if data.note else "")
+            )

@@ -36,8 +36,9 @@ class BlockClass:
     """Blocks at one position of one segment type share a colour (and a legend entry)."""
 
     key: tuple[int, int]  # (segment type id, position in the instance)
-    label: str
+    label: str  # unique within the model: type (and its id where labels repeat), position
     colour: str
+    cue: str = ""  # marker symbol suffix ("-dot") once the palette repeats: a second cue
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +139,7 @@ def build_block_layout(analysis: Analysis) -> BlockLayout:
     classes: dict[tuple[int, int], int] = {}
     class_list: list[BlockClass] = []
     bands: list[Band] = []
+    repeated = Counter(u.label for u in segments.unique)
     node_band: list[int] = []
     node_position: list[int] = []
     node_class: list[int] = []
@@ -155,11 +157,15 @@ def build_block_layout(analysis: Analysis) -> BlockLayout:
                 classes[key] = len(class_list)
                 scope = analysis.blocks[block].scope
                 tail = scope.split("/", 1)[1] if "/" in scope else scope
+                name = (
+                    unique.label if repeated[unique.label] == 1 else f"{unique.label}[{unique.id}]"
+                )
                 class_list.append(
                     BlockClass(
                         key,
-                        f"{unique.label} #{position} {tail}",
+                        f"{name} #{position} {tail}",
                         style.block_colour(len(class_list)),
+                        style.block_cue(len(class_list)),
                     )
                 )
             node_band.append(len(bands) - 1)
@@ -335,6 +341,7 @@ class TraceSlice:
 
     trace: int
     nodes: tuple[int, ...]
+    cue: str = ""  # the block class's symbol suffix
 
 
 class GraphView:
@@ -346,13 +353,13 @@ class GraphView:
         self.on_segment = on_segment
         self.figure = go.FigureWidget(
             layout=go.Layout(
-                height=360,
-                margin={"l": 10, "r": 10, "t": 40, "b": 10},
+                **{
+                    **style.figure_layout(height=380, margin={"l": 10, "r": 40, "t": 40, "b": 10}),
+                    "legend": {"orientation": "h", "y": -0.05},
+                },
                 xaxis={"visible": False},
                 yaxis={"visible": False},
-                legend={"orientation": "h", "y": -0.05},
                 dragmode="pan",
-                template="plotly_white",
             )
         )
         self.level = "blocks"
@@ -383,12 +390,13 @@ class GraphView:
         slices = []
         for index, cls in enumerate(layout.classes):
             nodes = tuple(n for n, c in enumerate(layout.node_class) if c == index)
-            slices.append(TraceSlice(len(traces), nodes))
+            slices.append(TraceSlice(len(traces), nodes, cls.cue))
             traces.append(
                 self._node_trace(
-                    cls.label, cls.colour, x=layout.x, y=layout.y, nodes=nodes, looks=looks, size=22
+                    cls.label, cls.colour, x=layout.x, y=layout.y, nodes=nodes, looks=looks,
+                    size=22, cue=cls.cue,
                 )
-            )
+            )  # fmt: skip
         band_x = [(b.x0 + b.x1) / 2 for b in layout.bands]
         traces.append(
             go.Scattergl(
@@ -482,15 +490,17 @@ class GraphView:
         for key in sorted(groups):
             nodes = tuple(groups[key])
             if key < 0:
-                name, colour = "outside blocks", style.OUTSIDE
+                name, colour, cue = "outside blocks", style.OUTSIDE, ""
             else:
-                name, colour = block_layout.classes[key].label, block_layout.classes[key].colour
-            slices.append(TraceSlice(len(traces), nodes))
+                cls = block_layout.classes[key]
+                name, colour, cue = cls.label, cls.colour, cls.cue
+            slices.append(TraceSlice(len(traces), nodes, cue))
             traces.append(
                 self._node_trace(
-                    name, colour, x=layout.x, y=layout.y, nodes=nodes, looks=looks, size=8
+                    name, colour, x=layout.x, y=layout.y, nodes=nodes, looks=looks, size=8,
+                    cue=cue,
                 )
-            )
+            )  # fmt: skip
         label = analysis.segments.instances[instance].label
         self._replace(
             traces, [], f"{label}: {len(wanted)} ops ({self.role_filter}); coloured by block"
@@ -513,7 +523,7 @@ class GraphView:
             for s in self.slices:
                 trace = self.figure.data[s.trace]
                 trace.marker.line.color = [looks.outline[n] for n in s.nodes]
-                trace.marker.symbol = [looks.symbol[n] for n in s.nodes]
+                trace.marker.symbol = [looks.symbol[n] + s.cue for n in s.nodes]
                 trace.text = [looks.text[n] for n in s.nodes]
                 trace.hovertext = [looks.hover[n] for n in s.nodes]
 
@@ -529,6 +539,7 @@ class GraphView:
         nodes: Sequence[int],
         looks: NodeStyle,
         size: int,
+        cue: str = "",
     ) -> Any:
         return go.Scattergl(
             x=[x[n] for n in nodes],
@@ -542,7 +553,7 @@ class GraphView:
             marker={
                 "color": colour,
                 "size": size,
-                "symbol": [looks.symbol[n] for n in nodes],
+                "symbol": [looks.symbol[n] + cue for n in nodes],
                 "line": {
                     "color": [looks.outline[n] for n in nodes],
                     "width": 3 if size > 10 else 1.5,
@@ -555,4 +566,10 @@ class GraphView:
             self.figure.data = ()
             self.figure.add_traces(traces)
             self.figure.layout.shapes = shapes
-            self.figure.layout.title = {"text": title, "font": {"size": 13}}
+            self.figure.layout.title = style.title(title, size=13)
+
+    def clear(self, title: str) -> None:
+        """Nothing to show (a run that did not finish, with nothing before it)."""
+        self._analysis = None
+        self.slices, self.band_trace = (), None
+        self._replace([], [], title)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from explorer.pipeline import Analysis
     from explorer.plan import Plan
+    from explorer.ui.bars import Symbolic
     from explorer.ui.table import BaselineRow
 
 
@@ -85,6 +86,23 @@ class Session:
     level: str = "blocks"  # "blocks" or "ops"
     baselines: tuple[BaselineRow, ...] = ()
     exported: str = ""  # path of the last export
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What the app showed before a run, put back when the run fails or is cancelled."""
+
+    settings: Settings
+    analysis: Analysis | None
+    budget: float | None
+    pins: tuple[tuple[int, str], ...]
+    uniform: bool
+    selected: int
+    analysis_key: tuple[Any, ...]
+    level: str
+    baselines: tuple[BaselineRow, ...]
+    symbolic: Symbolic
+    notes: tuple[str, ...]
 
 
 def paired_strategies(kind: str, label: str, config: str) -> bool:

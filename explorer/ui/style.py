@@ -7,6 +7,7 @@ by their name, so nothing is encoded by colour alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 OKABE_ITO = ("#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7")
@@ -28,6 +29,12 @@ def block_colour(index: int) -> str:
     return BLOCK_COLOURS[index % len(BLOCK_COLOURS)]
 
 
+def block_cue(index: int) -> str:
+    """A second cue for block classes beyond the palette: every other repeat of the palette
+    draws its markers with a centre dot (`circle-dot`, `square-dot`...)."""
+    return "-dot" if (index // len(BLOCK_COLOURS)) % 2 else ""
+
+
 def strategy_colour(index: int) -> str:
     return STRATEGY_COLOURS[index % len(STRATEGY_COLOURS)]
 
@@ -46,6 +53,56 @@ def mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.4g} MiB"
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryUnit:
+    """The one unit every view of an analysis shows memory in (exact bytes go in hovers)."""
+
+    name: str  # "MiB" or "GiB"
+    size: int  # bytes per unit
+
+    def of(self, nbytes: float) -> float:
+        return nbytes / self.size
+
+    def text(self, nbytes: float) -> str:
+        return f"{nbytes / self.size:.4g} {self.name}"
+
+
+MIB = MemoryUnit("MiB", 2**20)
+GIB = MemoryUnit("GiB", 2**30)
+
+
+def memory_unit(largest: float) -> MemoryUnit:
+    """GiB once the largest amount shown reaches 1 GiB, MiB below."""
+    return GIB if largest >= GIB.size else MIB
+
+
+def exact_bytes(nbytes: float) -> str:
+    return f"{int(nbytes):,} bytes"
+
+
+# What the views call things, in users' words (the engine's names stay in hovers).
+PLAN_NAMES = {
+    "cfp": "this plan (CFP search)",
+    "dp": "data parallel",
+    "megatron": "Megatron tensor parallel",
+    "fsdp": "FSDP / ZeRO-3",
+    "alpa": "Alpa-style ILP",
+}
+GLOSSARY = (
+    "<b>Terms.</b> <i>block</i>: a contraction (matmul) and the ops that follow its sharding; "
+    "<i>strategy</i> <code>M@x</code> / <code>N@x</code> / <code>K@x</code> / "
+    "<code>E@x</code>: split the block's batch rows / output columns / contracted dim / "
+    "experts over mesh axis <code>x</code>; <i>segment</i>: a run of blocks (a layer), "
+    "profiled once per type; <i>configuration</i>: one strategy per block of a segment; "
+    "<i>frontier</i>: the plans no other beats on both time and memory; <i>budget</i>: the "
+    "most memory per device a plan may use."
+)
+
+
+def plan_name(name: str) -> str:
+    return PLAN_NAMES.get(name, name)
+
+
 def partition_spec_text(spec: Any) -> str:
     """A plan's JSON PartitionSpec (`[["x"], null]`) as `P('x', None)`."""
     if spec is None:
@@ -61,3 +118,29 @@ def partition_spec_text(spec: Any) -> str:
     while parts and parts[-1] == "None":
         parts.pop()
     return f"P({', '.join(parts)})"
+
+
+def figure_layout(height: int, margin: dict[str, int]) -> dict[str, Any]:
+    """What every figure shares: the width follows its container (autosize), the mode bar
+    stands vertically at the right edge so it never covers the title (left-aligned), and
+    the legend sits under the title."""
+    return {
+        "height": height,
+        "autosize": True,
+        "margin": margin,
+        "modebar": {"orientation": "v"},
+        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
+        "template": "plotly_white",
+    }
+
+
+def title(text: str, size: int = 12) -> dict[str, Any]:
+    return {
+        "text": text,
+        "font": {"size": size},
+        "x": 0.0,
+        "xref": "paper",
+        "xanchor": "left",
+        "y": 0.99,
+        "yanchor": "top",
+    }

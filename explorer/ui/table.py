@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from explorer.ui import style
+
 if TYPE_CHECKING:
     from explorer.pipeline import Analysis
     from explorer.plan import Plan
@@ -63,20 +65,23 @@ def baseline_rows(
     return tuple(rows)
 
 
-def table_html(rows: tuple[BaselineRow, ...]) -> str:
+def table_html(rows: tuple[BaselineRow, ...], unit: style.MemoryUnit = style.MIB) -> str:
     def ms(v: float | None) -> str:
         return "" if v is None else f"{1e3 * v:.4f}"
 
-    def mib(v: int | None) -> str:
-        return "" if v is None else f"{v / 2**20:.3f}"
+    def memory(v: int | None) -> str:
+        if v is None:
+            return ""
+        return f"<span title='{style.exact_bytes(v)}'>{unit.of(v):.4g}</span>"
 
     head = (
         "<tr><th>plan</th><th>predicted ms</th><th>evaluated ms</th>"
-        "<th>predicted MiB</th><th>evaluated MiB</th><th>note</th></tr>"
+        f"<th>predicted {unit.name}</th><th>evaluated {unit.name}</th><th>note</th></tr>"
     )
     body = "".join(
-        f"<tr><td><b>{html.escape(r.name)}</b></td><td>{ms(r.predicted_s)}</td>"
-        f"<td>{ms(r.evaluated_s)}</td><td>{mib(r.memory)}</td><td>{mib(r.evaluated_memory)}</td>"
+        f"<tr><td title='{html.escape(r.name)}'><b>{html.escape(style.plan_name(r.name))}</b>"
+        f"</td><td>{ms(r.predicted_s)}</td><td>{ms(r.evaluated_s)}</td><td>{memory(r.memory)}"
+        f"</td><td>{memory(r.evaluated_memory)}</td>"
         f"<td style='color:#B00020'>{html.escape(r.error)}</td></tr>"
         for r in rows
     )

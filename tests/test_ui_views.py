@@ -1,0 +1,65 @@
+"""The views' pure parts: ranked bars, the memory unit, the palette's second cue, titles."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("plotly", reason="the ui extra is not installed")
+
+from explorer.ui import style
+from explorer.ui.bars import TOP, BarsData, BarsView
+from explorer.ui.frontier import FrontierView, frontier_data
+
+
+def _bars(n: int, chosen: dict[int, int]) -> BarsData:
+    return BarsData(
+        segment=1,
+        label="layer",
+        configs=tuple(f"c{i}" for i in range(n)),
+        t_comp_ms=tuple(1.0 for _ in range(n)),
+        t_comm_ms=tuple(0.01 * i for i in range(n)),
+        memory=tuple(float(i) for i in range(n)),
+        symbolic_ms=tuple(None for _ in range(n)),
+        chosen=tuple(chosen.get(i, 0) for i in range(n)),
+        collectives=tuple("no collectives" for _ in range(n)),
+        note="",
+        memory_bytes=tuple(i * 2**20 for i in range(n)),
+    )
+
+
+def test_many_configurations_show_the_fastest_and_always_the_plans_choice() -> None:
+    view = BarsView()
+    data = _bars(81, {60: 2})
+    view.show(data)
+    drawn = list(view.figure.data[0].x)
+    assert drawn == [f"c{i}" for i in range(TOP)] + ["c60"]
+    assert list(view.figure.data[0].marker.line.width) == [0.0] * TOP + [3.0]
+    hover = view.figure.data[1].hovertext[-1]
+    assert "rank 61 of 81" in hover and "communication 0.6 ms (38% of the time)" in hover
+    assert "62,914,560 bytes" in hover  # exact bytes beside the unit
+    title = view.figure.layout.title
+    assert f"the {TOP} fastest of 81 configurations and the plan's" in title.text
+    assert title.x == 0.0 and title.xanchor == "left"
+    assert view.figure.layout.modebar.orientation == "v"  # never over the title
+    assert view.figure.layout.autosize and view.figure.layout.width is None
+    view.show(_bars(10, {}))  # few: all of them, no ranking words
+    assert len(view.figure.data[0].x) == 10 and "fastest" not in view.figure.layout.title.text
+
+
+def test_one_memory_unit_per_analysis_with_exact_bytes_in_hover() -> None:
+    assert style.memory_unit(900 * 2**20) is style.MIB
+    assert style.memory_unit(3 * 2**30) is style.GIB
+    assert style.GIB.text(3 * 2**30) == "3 GiB" and style.exact_bytes(1234567) == "1,234,567 bytes"
+    view = FrontierView()
+    view.show(frontier_data(None, (2 * 2**30, 0.001), 3 * 2**30, unit=style.GIB))
+    assert view.data.current == (2.0, 1.0) and view.data.budget == 3.0
+    assert view.figure.layout.xaxis.title.text == "memory per device (GiB)"
+
+
+def test_block_classes_past_the_palette_get_a_second_cue() -> None:
+    size = len(style.BLOCK_COLOURS)
+    cues = [style.block_cue(i) for i in range(3 * size)]
+    assert cues[:size] == [""] * size and cues[size : 2 * size] == ["-dot"] * size
+    looks = {(style.block_colour(i), cues[i]) for i in range(2 * size)}
+    assert len(looks) == 2 * size  # colour and cue tell 32 classes apart
+    assert style.plan_name("cfp") == "this plan (CFP search)" and style.plan_name("x") == "x"
