@@ -37,6 +37,18 @@ class AnalysisError(ExplorerError):
     """An analysis stage was asked for something it cannot give."""
 
 
+class ProfilingCancelled(ExplorerError):
+    """A run stopped by its `cancel` event: the programs it finished are in the cache."""
+
+    def __init__(self, finished: int, total: int) -> None:
+        self.finished, self.total = finished, total
+        super().__init__(
+            f"profiling cancelled: {finished} of {total} programs to compile were profiled and "
+            f"kept in the cache, {total - finished} not started; run again to continue from "
+            "the cache"
+        )
+
+
 class ProfilingBudgetError(AnalysisError):
     """A segment's configuration space is larger than the profiling budget."""
 

@@ -7,6 +7,7 @@ keeps what each produced, so nothing computed is lost when a later stage fails.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -389,6 +390,7 @@ def analyze(
     workers: int | None = None,
     progress: bool = True,
     only: Callable[[str, str, str], bool] | None = None,
+    cancel: threading.Event | None = None,
 ) -> Analysis:
     """Trace `step(*args)`, build ParallelBlocks and their strategies on `mesh`, segment the
     block sequence and (unless `profile=False`) profile every unique segment configuration and
@@ -396,7 +398,8 @@ def analyze(
     `budget` caps the configurations of one unique segment: a type over it is cut at its block
     boundaries into smaller types (a block alone over it is refused, naming the block).
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
-    it accepts, for a quick look at part of the space."""
+    it accepts, for a quick look at part of the space. Setting `cancel` stops profiling:
+    what finished stays in the cache and `ProfilingCancelled` says how much."""
     from explorer.platforms import Platform, load_platform
 
     spec = mesh_spec(mesh)
@@ -424,6 +427,7 @@ def analyze(
             workers=workers,
             progress=progress,
             only=only,
+            cancel=cancel,
         )
     from explorer.layouts import instance_dependencies, loop_twins
 

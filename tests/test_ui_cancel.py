@@ -12,10 +12,11 @@ import pytest
 
 import explorer as ex
 from explorer.blocks import build_blocks
+from explorer.errors import ProfilingCancelled
 from explorer.mesh import mesh_spec
 from explorer.platforms import load_platform
 from explorer.profile.cache import ProfileCache
-from explorer.profile.runner import ProfilingCancelled, cancellable, profile_all
+from explorer.profile.runner import profile_all
 from explorer.segments import build_segments
 from explorer.space import build_space
 
@@ -66,7 +67,9 @@ def test_a_cancel_through_analyze_stops_before_any_compile(tmp_path: Path) -> No
     step, args = ex.models.gpt(ex.models.GPTConfig.tiny(), abstract=True)
     cancel = threading.Event()
     cancel.set()
-    with cancellable(cancel), pytest.raises(ProfilingCancelled, match="0 of"):
-        ex.analyze(step, *args, mesh=(4,), cache=tmp_path / "p.sqlite", progress=False)
+    with pytest.raises(ProfilingCancelled, match="0 of"):
+        ex.analyze(
+            step, *args, mesh=(4,), cache=tmp_path / "p.sqlite", progress=False, cancel=cancel
+        )
     with ProfileCache(tmp_path / "p.sqlite") as store:
         assert len(store) == 0

@@ -13,8 +13,6 @@ build, compile or run is recorded as infeasible with its reason and never stops 
 from __future__ import annotations
 
 import collections
-import contextlib
-import contextvars
 import ctypes
 import ctypes.util
 import functools
@@ -34,7 +32,7 @@ from typing import Any
 import jax
 import pandas as pd
 
-from explorer.errors import ExplorerError
+from explorer.errors import ExplorerError, ProfilingCancelled
 from explorer.ir import BlockAnalysis, Graph, Segmentation, SegmentInstance
 from explorer.layouts import (
     CONTEXT_SEPARATOR,
@@ -95,35 +93,6 @@ RELEASE_EVERY = 100
 PROGRAM_VERSION = "pull-14"
 
 
-class ProfilingCancelled(ExplorerError):
-    """A run stopped by its `cancel` event: the programs it finished are in the cache."""
-
-    def __init__(self, finished: int, total: int) -> None:
-        self.finished, self.total = finished, total
-        super().__init__(
-            f"profiling cancelled: {finished} of {total} programs to compile were profiled and "
-            f"kept in the cache, {total - finished} not started; run again to continue from "
-            "the cache"
-        )
-
-
-# The cancel event of `profile_all` for callers that reach it through `analyze` (see
-# `cancellable`); an explicit `cancel=` argument takes precedence.
-_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "explorer_profiling_cancel", default=None
-)
-
-
-@contextlib.contextmanager
-def cancellable(cancel: threading.Event) -> Iterator[threading.Event]:
-    """Within this block (on this thread), `profile_all` stops when `cancel` is set."""
-    token = _CANCEL.set(cancel)
-    try:
-        yield cancel
-    finally:
-        _CANCEL.reset(token)
-
-
 @dataclass(frozen=True, slots=True)
 class _Built:
     """A program ready to compile, with what pricing it needs besides the compiler."""
@@ -172,9 +141,9 @@ def profile_all(
     after each program this run compiles and prices (not the cached ones), with the number
     priced so far (a progress or memory probe).
 
-    `cancel` (default: the event of an enclosing `cancellable` block) is checked before each
-    program is started: once it is set, the programs already compiling are finished and
-    cached, no other starts, and `ProfilingCancelled` says how many were done.
+    `cancel` is checked before each program is started: once it is set, the programs
+    already compiling are finished and cached, no other starts, and `ProfilingCancelled`
+    says how many were done.
     """
     backend = Backend(backend)
     if backend is Backend.MEASURED and jax.device_count() != mesh.size:
@@ -199,7 +168,6 @@ def profile_all(
     first_round = list(context.segment_jobs()) + list(context.reshard_jobs())
     if only is not None:  # a configuration with a context is selected by its own part
         first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]
-    cancel = cancel if cancel is not None else _CANCEL.get()
     rows += _run(first_round, context, cache, workers, progress, tick=tick, cancel=cancel)
     return pd.DataFrame(rows, columns=COLUMNS)
 

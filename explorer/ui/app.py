@@ -25,10 +25,10 @@ from typing import Any, ParamSpec, TypeVar
 import ipywidgets as widgets
 
 from explorer import models
-from explorer.errors import ExplorerError
+from explorer.errors import ExplorerError, ProfilingCancelled
 from explorer.pipeline import DEFAULT_CACHE, Analysis, analyze
 from explorer.plan import Plan
-from explorer.profile.runner import ProfilingCancelled, cancellable, distinct_programs
+from explorer.profile.runner import distinct_programs
 from explorer.solve import Frontier, NoPlanFitsError
 from explorer.ui import style
 from explorer.ui.bars import (
@@ -505,11 +505,10 @@ class Explorer(widgets.VBox):
             poller.start()
             start = time.perf_counter()
             try:
-                with cancellable(self._cancel):
-                    result = analyze(
-                        step, *args, cache=self.cache, progress=False, only=only, **common,
-                        **options,
-                    )  # fmt: skip
+                result = analyze(
+                    step, *args, cache=self.cache, progress=False, only=only,
+                    cancel=self._cancel, **common, **options,
+                )  # fmt: skip
             finally:
                 stop.set()
                 poller.join()

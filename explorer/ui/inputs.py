@@ -17,25 +17,12 @@ if TYPE_CHECKING:
     from explorer.pipeline import Analysis
 
 BACKENDS = ("compiled", "measured")
-PRESET_NAMES = (
-    "tiny", "small", "gpt_2_6b", "gpt_6_7b", "llama_7b", "moe_7_1b", "bert_large",
-)  # fmt: skip
 
 
 def presets(model: str) -> list[str]:
     """Presets the model's config class provides."""
     _, config_cls = models.MODELS[model]
-    found = []
-    for name in PRESET_NAMES:
-        maker = getattr(config_cls, name, None)
-        if maker is None:
-            continue
-        try:
-            maker()
-        except NotImplementedError:
-            continue
-        found.append(name)
-    return found
+    return list(config_cls.PRESETS)
 
 
 def one_of(what: str, value: Any, valid: Sequence[str]) -> str:
