@@ -162,6 +162,13 @@ def _loss_segment(logits: jax.Array, labels: jax.Array) -> Any:
     return (jnp.log(probabilities) * labels).sum(), probabilities - labels
 
 
+def _loss_sending_reversed(logits: jax.Array, labels: jax.Array) -> Any:
+    """A loss segment whose cotangent is not elementwise in the probabilities (reversed), so
+    XLA cannot write it over them."""
+    probabilities = jax.nn.softmax(logits)
+    return (jnp.log(probabilities) * labels).sum(), (probabilities - labels)[:, ::-1]
+
+
 def _loss_reading_late(logits: jax.Array, labels: jax.Array) -> Any:
     """A loss that reads the logits it receives again at the end."""
     probabilities = jax.nn.softmax(logits)
@@ -175,7 +182,7 @@ def test_a_working_set_holds_the_tensors_passed_between_instances() -> None:
     args = (jnp.ones((64, 512)), jnp.ones((64, 512)))
     nbytes = 64 * 512 * 4
     receives, sends = MemoryAccounting(0, forward_inputs=frozenset({0})), frozenset({1})
-    hlo = jax.jit(_loss_segment).lower(*args).compile().as_text()
+    hlo = jax.jit(_loss_sending_reversed).lower(*args).compile().as_text()
     alone = MemoryAccounting(0).held(hlo).transient
     # the logits are read first and dead before the peak, where the cotangent is made
     assert receives.held(hlo).transient == alone
@@ -184,6 +191,23 @@ def test_a_working_set_holds_the_tensors_passed_between_instances() -> None:
     alone = MemoryAccounting(0).held(hlo).transient
     # read again at the end, the logits are alive at the peak
     assert receives.held(hlo).transient > alone
+
+
+def test_a_result_written_over_an_operand_is_not_counted_beside_it() -> None:
+    """`probabilities - labels` is elementwise in the probabilities, which die there: XLA's
+    buffer assignment writes the cotangent over them (one allocation holds both), so the
+    working set holds them once; reversed, it cannot, and holds both."""
+    args = (jnp.ones((64, 512)), jnp.ones((64, 512)))
+    nbytes = 64 * 512 * 4
+    accounting = MemoryAccounting(0, forward_inputs=frozenset({0}), passed=frozenset({1}))
+    sent = {}
+    for step in (_loss_segment, _loss_sending_reversed):
+        compiled = jax.jit(step).lower(*args).compile()
+        sent[step] = accounting.held(compiled.as_text()).transient
+        # XLA's own count: its temporaries and the cotangent's buffer (in the first program
+        # the probabilities live in it before the cotangent does)
+        assert sent[step] == compiled.memory_analysis().temp_size_in_bytes + nbytes
+    assert sent[_loss_sending_reversed] == sent[_loss_segment] + nbytes
 
 
 # -- compiled backend -------------------------------------------------------------------------
