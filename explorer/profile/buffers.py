@@ -64,7 +64,7 @@ class Schedule:
     @classmethod
     def parse(cls, text: str) -> Schedule:
         lines = _entry(text)
-        loop_parameters = _elementwise_parameters(text)
+        elementwise_parameters = _elementwise_parameters(text)
         position: dict[str, int] = {}
         instructions: list[Instruction] = []
         owned: list[tuple[int, ...]] = []  # per instruction: the buffers its result is made of
@@ -93,7 +93,7 @@ class Schedule:
             if kind == "parameter":
                 instruction = replace(instruction, argument=_argument(args, instruction.op_name))
             position[head["name"]] = at
-            over = _overwritable(kind, attrs, loop_parameters)
+            over = _overwritable(kind, attrs, elementwise_parameters)
             if over:
                 names = _REFERENCE.findall(args)
                 picked = (
@@ -211,7 +211,10 @@ class Schedule:
 # Operations XLA's buffer assignment lets write their result over an operand of the same
 # size that dies at them (HloDataflowAnalysis::CanShareBuffer): elementwise operations, on
 # any operand; in-place updates, on the array they update. Reductions, contractions,
-# transposes, copies, collectives and library calls (kCustom fusions on the CPU) do not.
+# transposes, copies, collectives do not. A fusion of any kind (loop, or a library fusion
+# on the CPU) may, on the operands its fused computation only uses elementwise: checked
+# against XLA:CPU's buffer assignment of a LLaMA-7B step, where it agrees on 74 of 75
+# candidates (the other is 8 KB).
 _ELEMENTWISE = frozenset(
     {
         "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "convert", "cosine",
@@ -223,32 +226,27 @@ _ELEMENTWISE = frozenset(
     }
 )  # fmt: skip
 _UPDATES = frozenset({"dynamic-update-slice", "scatter"})  # in place on operand 0
-_FUSION_KIND = re.compile(r"\bkind=(k\w+)")
+_ALL_OPERANDS = (-1,)  # an elementwise instruction may write over any of its operands
 _CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
 _COMPUTATION = re.compile(r"^%?(?P<name>[\w.\-]+)\s*\(")
 
 
 def _overwritable(
-    opcode: str, attrs: str, loop_parameters: dict[str, frozenset[int]]
+    opcode: str, attrs: str, elementwise_parameters: dict[str, frozenset[int]]
 ) -> tuple[int, ...]:
     """The operand indices whose buffer the instruction's result may take."""
     if opcode == "fusion":
-        kind, called = _FUSION_KIND.search(attrs), _CALLS.search(attrs)
-        if kind is None or kind[1] != "kLoop" or called is None:
-            return ()
-        return tuple(sorted(loop_parameters.get(called[1], frozenset())))
+        called = _CALLS.search(attrs)
+        return tuple(sorted(elementwise_parameters.get(called[1], frozenset()))) if called else ()
     if opcode in _UPDATES:
         return (0,)
     return _ALL_OPERANDS if opcode in _ELEMENTWISE else ()
 
 
-_ALL_OPERANDS = (-1,)  # every operand
-
-
 def _elementwise_parameters(text: str) -> dict[str, frozenset[int]]:
     """Per computation (other than the entry): the parameters every use of which, up to the
-    root, is elementwise or the update of an in-place update. A loop fusion calling it may
-    write its result over the operand it receives there."""
+    root, is elementwise or the update of an in-place update. A fusion calling it may write
+    its result over the operand it receives there."""
     found: dict[str, frozenset[int]] = {}
     name = ""
     opcodes: dict[str, str] = {}
