@@ -33,6 +33,7 @@ from explorer.mesh import mesh_spec
 from explorer.platforms import load_platform
 from explorer.profile import backends, runner
 from explorer.profile.accounting import MemoryAccounting
+from explorer.profile.buffers import Schedule
 from explorer.profile.cache import ProfileCache
 from explorer.profile.compile_workers import CompileWorkers
 from explorer.profile.hlo import CollectiveKind, parse_collectives
@@ -162,6 +163,13 @@ def _loss_segment(logits: jax.Array, labels: jax.Array) -> Any:
     return (jnp.log(probabilities) * labels).sum(), probabilities - labels
 
 
+def _loss_sending_reversed(logits: jax.Array, labels: jax.Array) -> Any:
+    """A loss segment whose cotangent is not elementwise in the probabilities (reversed), so
+    XLA cannot write it over them."""
+    probabilities = jax.nn.softmax(logits)
+    return (jnp.log(probabilities) * labels).sum(), (probabilities - labels)[:, ::-1]
+
+
 def _loss_reading_late(logits: jax.Array, labels: jax.Array) -> Any:
     """A loss that reads the logits it receives again at the end."""
     probabilities = jax.nn.softmax(logits)
@@ -175,7 +183,7 @@ def test_a_working_set_holds_the_tensors_passed_between_instances() -> None:
     args = (jnp.ones((64, 512)), jnp.ones((64, 512)))
     nbytes = 64 * 512 * 4
     receives, sends = MemoryAccounting(0, forward_inputs=frozenset({0})), frozenset({1})
-    hlo = jax.jit(_loss_segment).lower(*args).compile().as_text()
+    hlo = jax.jit(_loss_sending_reversed).lower(*args).compile().as_text()
     alone = MemoryAccounting(0).held(hlo).transient
     # the logits are read first and dead before the peak, where the cotangent is made
     assert receives.held(hlo).transient == alone
@@ -184,6 +192,61 @@ def test_a_working_set_holds_the_tensors_passed_between_instances() -> None:
     alone = MemoryAccounting(0).held(hlo).transient
     # read again at the end, the logits are alive at the peak
     assert receives.held(hlo).transient > alone
+
+
+def test_a_result_written_over_an_operand_is_not_counted_beside_it() -> None:
+    """`probabilities - labels` is elementwise in the probabilities, which die there: XLA's
+    buffer assignment writes the cotangent over them (one allocation holds both), so the
+    working set holds them once; reversed, it cannot, and holds both."""
+    args = (jnp.ones((64, 512)), jnp.ones((64, 512)))
+    nbytes = 64 * 512 * 4
+    accounting = MemoryAccounting(0, forward_inputs=frozenset({0}), passed=frozenset({1}))
+    sent = {}
+    for step in (_loss_segment, _loss_sending_reversed):
+        compiled = jax.jit(step).lower(*args).compile()
+        sent[step] = accounting.held(compiled.as_text()).transient
+        # XLA's own count: its temporaries and the cotangent's buffer (in the first program
+        # the probabilities live in it before the cotangent does)
+        assert sent[step] == compiled.memory_analysis().temp_size_in_bytes + nbytes
+    assert sent[_loss_sending_reversed] == sent[_loss_segment] + nbytes
+
+
+# A library fusion as XLA:CPU prints it (a YNNPACK fusion of the LLaMA-7B head's backward):
+# it reduces its first operand and only multiplies and adds its last one.
+_LIBRARY_FUSION = """HloModule m, is_scheduled=true
+
+%fused (p0: f32[64,512], p1: f32[64,512]) -> f32[64,512] {
+  %p0 = f32[64,512]{1,0} parameter(0)
+  %zero = f32[] constant(0)
+  %sum = f32[64]{0} reduce(%p0, %zero), dimensions={1}, to_apply=%add
+  %wide = f32[64,512]{1,0} broadcast(%sum), dimensions={0}
+  %p1 = f32[64,512]{1,0} parameter(1)
+  %scaled = f32[64,512]{1,0} multiply(%wide, %p1)
+  ROOT %out = f32[64,512]{1,0} add(%p0, %scaled)
+}
+
+ENTRY %main (a: f32[64,512], b: f32[64,512]) -> f32[64,512] {
+  %a = f32[64,512]{1,0} parameter(0)
+  %b = f32[64,512]{1,0} parameter(1)
+  %ea = f32[64,512]{1,0} exponential(%a)
+  %eb = f32[64,512]{1,0} exponential(%b)
+  %f = f32[64,512]{1,0} fusion(%ea, %eb), kind=kCustom, calls=%fused
+  ROOT %r = f32[64,512]{1,0} transpose(%f), dimensions={1,0}
+}
+"""
+
+
+def test_a_fusion_writes_over_the_operands_it_only_uses_elementwise() -> None:
+    """XLA's buffer assignment lets a fusion of any kind write its result over an operand
+    its fused computation only uses elementwise (`eb`), not over one it reduces (`ea`)."""
+    schedule = Schedule.parse(_LIBRARY_FUSION)
+    names = [i.name for i in schedule.instructions]
+    fusion = schedule.instructions[names.index("f")]
+    buffer_of = {schedule.instructions[b.defined].name: n for n, b in enumerate(schedule.buffers)}
+    assert fusion.overwritable == {buffer_of["eb"]}
+    nbytes = 64 * 512 * 4
+    # ea, eb and f: eb's buffer becomes f's, so two at once, not three
+    assert schedule.peak([buffer_of["ea"], buffer_of["eb"], buffer_of["f"]]) == 2 * nbytes
 
 
 # -- compiled backend -------------------------------------------------------------------------

@@ -42,6 +42,8 @@ class Instruction:
     operands: tuple[int, ...]  # positions in the schedule of the instructions it reads
     op_name: str  # the JAX op name of its metadata ("" without)
     argument: int | None  # for a parameter: the position of the program argument it receives
+    # the buffers its result may take when they die at it (written in place, as XLA does)
+    overwritable: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,7 @@ class Schedule:
     @classmethod
     def parse(cls, text: str) -> Schedule:
         lines = _entry(text)
+        elementwise_parameters = _elementwise_parameters(text)
         position: dict[str, int] = {}
         instructions: list[Instruction] = []
         owned: list[tuple[int, ...]] = []  # per instruction: the buffers its result is made of
@@ -81,11 +84,27 @@ class Schedule:
             op_name = _OP_NAME.search(attrs)
             kind = opcode["opcode"]
             instruction = Instruction(
-                head["name"], kind, operands, op_name[1] if op_name else "", None
+                head["name"],
+                kind,
+                operands,
+                op_name[1] if op_name else "",
+                None,
             )
             if kind == "parameter":
                 instruction = replace(instruction, argument=_argument(args, instruction.op_name))
             position[head["name"]] = at
+            over = _overwritable(kind, attrs, elementwise_parameters)
+            if over:
+                names = _REFERENCE.findall(args)
+                picked = (
+                    names if over == _ALL_OPERANDS else [names[i] for i in over if i < len(names)]
+                )
+                instruction = replace(
+                    instruction,
+                    overwritable=frozenset(
+                        b for n in picked if n in position for b in owned[position[n]]
+                    ),
+                )
             instructions.append(instruction)
             if kind == "get-tuple-element":
                 index = _INDEX.search(attrs)
@@ -132,12 +151,28 @@ class Schedule:
         """The most bytes of `buffers` alive at one position of the schedule.
 
         `arriving`: argument buffers counted from their first reader, not from the start (a
-        cotangent the step sends only when the backward part needs it)."""
-        change = [0] * (len(self.instructions) + 2)
+        cotangent the step sends only when the backward part needs it).
+
+        As XLA's buffer assignment does, an elementwise result may take the buffer of an
+        operand of the same size that dies at it: the two are not counted at once. Without it
+        a LLaMA-7B step's peak was 2.0 GB (9 %) above its memory analysis."""
+        counted = set(buffers)
         late = set(arriving)
-        for b in buffers:
+        dying: dict[int, list[int]] = {}
+        for b in counted:
+            dying.setdefault(self.buffers[b].last, []).append(b)
+        change = [0] * (len(self.instructions) + 2)
+        for b in sorted(counted, key=lambda b: (self.buffers[b].defined, b)):
             buf = self.buffers[b]
             start = min(self.readers[b], default=buf.defined) if b in late else buf.defined
+            freed = dying.get(buf.defined, [])
+            over = self.instructions[buf.defined].overwritable
+            taken = next(
+                (o for o in freed if o in over and self.buffers[o].nbytes == buf.nbytes), None
+            )
+            if taken is not None:  # in place: this result starts where the operand ends
+                freed.remove(taken)
+                start = max(start, buf.defined + 1)
             change[start] += buf.nbytes
             change[buf.last + 1] -= buf.nbytes
         alive = most = 0
@@ -171,6 +206,101 @@ class Schedule:
                     found.add(operand)
                     pending.append(operand)
         return found
+
+
+# Operations XLA's buffer assignment lets write their result over an operand of the same
+# size that dies at them (HloDataflowAnalysis::CanShareBuffer): elementwise operations, on
+# any operand; in-place updates, on the array they update. Reductions, contractions,
+# transposes, copies, collectives do not. A fusion of any kind (loop, or a library fusion
+# on the CPU) may, on the operands its fused computation only uses elementwise: checked
+# against XLA:CPU's buffer assignment of a LLaMA-7B step, where it agrees on 74 of 75
+# candidates (the other is 8 KB).
+_ELEMENTWISE = frozenset(
+    {
+        "abs", "add", "and", "atan2", "cbrt", "ceil", "clamp", "compare", "convert", "cosine",
+        "divide", "exponential", "exponential-minus-one", "floor", "imag", "is-finite", "log",
+        "log-plus-one", "logistic", "maximum", "minimum", "multiply", "negate", "not", "or",
+        "popcnt", "power", "real", "remainder", "round-nearest-afz", "round-nearest-even",
+        "rsqrt", "select", "shift-left", "shift-right-arithmetic", "shift-right-logical",
+        "sign", "sine", "sqrt", "subtract", "tan", "tanh", "xor",
+    }
+)  # fmt: skip
+_UPDATES = frozenset({"dynamic-update-slice", "scatter"})  # in place on operand 0
+_ALL_OPERANDS = (-1,)  # an elementwise instruction may write over any of its operands
+_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+_COMPUTATION = re.compile(r"^%?(?P<name>[\w.\-]+)\s*\(")
+
+
+def _overwritable(
+    opcode: str, attrs: str, elementwise_parameters: dict[str, frozenset[int]]
+) -> tuple[int, ...]:
+    """The operand indices whose buffer the instruction's result may take."""
+    if opcode == "fusion":
+        called = _CALLS.search(attrs)
+        return tuple(sorted(elementwise_parameters.get(called[1], frozenset()))) if called else ()
+    if opcode in _UPDATES:
+        return (0,)
+    return _ALL_OPERANDS if opcode in _ELEMENTWISE else ()
+
+
+def _elementwise_parameters(text: str) -> dict[str, frozenset[int]]:
+    """Per computation (other than the entry): the parameters every use of which, up to the
+    root, is elementwise or the update of an in-place update. A fusion calling it may write
+    its result over the operand it receives there."""
+    found: dict[str, frozenset[int]] = {}
+    name = ""
+    opcodes: dict[str, str] = {}
+    parameters: dict[str, int] = {}
+    users: dict[str, list[tuple[str, int]]] = {}
+    for line in text.splitlines():
+        if not line.startswith((" ", "\t", "}")):
+            header = _COMPUTATION.match(line)
+            name = header["name"] if header and not line.startswith("ENTRY") else ""
+            opcodes, parameters, users = {}, {}, {}
+            continue
+        if line.startswith("}"):
+            if name:
+                found[name] = frozenset(
+                    number
+                    for param, number in parameters.items()
+                    if _only_elementwise_uses(param, opcodes, users)
+                )
+            name = ""
+            continue
+        head = _HEAD.match(line) if name else None
+        if head is None:
+            continue
+        _, rest = _split_shape(line[head.end() :])
+        opcode = _OPCODE.match(rest)
+        if opcode is None:
+            continue
+        args, _ = _split_args(rest, opcode.end() - 1)
+        opcodes[head["name"]] = opcode["opcode"]
+        if opcode["opcode"] == "parameter" and args.strip().isdigit():
+            parameters[head["name"]] = int(args)
+        for index, operand in enumerate(_REFERENCE.findall(args)):
+            users.setdefault(operand, []).append((head["name"], index))
+    return found
+
+
+def _only_elementwise_uses(
+    start: str, opcodes: dict[str, str], users: dict[str, list[tuple[str, int]]]
+) -> bool:
+    pending, seen = [start], {start}
+    reached = False
+    while pending:
+        for user, index in users.get(pending.pop(), []):
+            opcode = opcodes.get(user, "")
+            if opcode == "tuple":  # a multi-output fusion's root
+                reached = True
+                continue
+            if not (opcode in _ELEMENTWISE or (opcode in _UPDATES and index == 0)):
+                return False
+            reached = True
+            if user not in seen:
+                seen.add(user)
+                pending.append(user)
+    return reached
 
 
 def _entry(text: str) -> list[str]:
