@@ -1,0 +1,217 @@
+"""Measured profiling on the global mesh of a cluster: every host runs every program, process 0
+keeps the rows.
+
+Each program is an SPMD program over the devices of every process, so every process must
+compile and run the same programs in the same order. Three things keep them in step:
+
+- the cache: process 0 reads the rows its cache file already holds for the `measured`
+  backend and sends them to every process, which profiles against that copy, so every host
+  skips the same programs (a rerun resumes where a failed run stopped);
+- no early abandon: a program slower than the best so far is timed to the end (the dynamic
+  limit of one process alone would stop one host inside a collective the others still run);
+- after each program the processes agree on its outcome before process 0 commits its row,
+  so a row is in the file only once every host has finished it.
+
+Every other process keeps its rows in memory only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from explorer.cluster.join import Cluster, ClusterError, broadcast, gather_bytes
+from explorer.mesh import MeshSpec, mesh_spec
+from explorer.profile.cache import ProfileCache, ProfileRecord
+from explorer.segments import DEFAULT_PROFILING_BUDGET
+
+BACKEND = "measured"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterProfile:
+    """What a cluster profiling run did, as every process saw it."""
+
+    cluster: Cluster
+    mesh: MeshSpec
+    programs: int  # rows of the table (boundaries that move the same tensors share a program)
+    profiled: int  # programs this run measured
+    cached: int  # programs found in the cache
+    infeasible: int
+    cache: Path | None  # the file process 0 wrote (None elsewhere, or without a cache)
+    table: pd.DataFrame = field(compare=False, repr=False)  # profile_all's rows, a view
+
+    def summary(self) -> str:
+        if self.cache:
+            where = f" into {self.cache}"
+        elif not self.cluster.leader:
+            where = f" (process 0 keeps the rows; this is process {self.cluster.process_id})"
+        else:
+            where = " (no cache)"
+        return (
+            f"{self.programs} rows on mesh {self.mesh} over {self.cluster.processes} "
+            f"process(es) x {self.cluster.local_devices} device(s): {self.profiled} programs "
+            f"measured{where}, {self.cached} from the cache, {self.infeasible} rows infeasible"
+        )
+
+
+class _RunCache(ProfileCache):
+    """The cache one process profiles against: in memory, holding the rows process 0's file
+    held when the run started (the same on every process), and writing each new row through
+    to that file on process 0 once every process has finished the program."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        rows: Sequence[ProfileRecord],
+        file: ProfileCache | None,
+        on_program: Callable[[ProfileRecord], None] | None,
+    ) -> None:
+        super().__init__(None)
+        for record in rows:
+            super().put(record)
+        self.cluster = cluster
+        self.file = file
+        self.on_program = on_program
+
+    def put(self, record: ProfileRecord) -> None:
+        mine = f"{record.key.digest()[:16]}:{record.status}"
+        outcomes = [b.decode() for b in gather_bytes(self.cluster, mine.encode())]
+        differ = [(p, o) for p, o in enumerate(outcomes) if o != mine]
+        if differ:
+            raise ClusterError(
+                f"the processes disagree on program {record.key.segment} "
+                f"{record.key.config!r}: process {self.cluster.process_id} has {mine}, "
+                + ", ".join(f"process {p} has {o}" for p, o in differ)
+                + "; a program failed on some hosts only (out of memory on one?), so the "
+                "others cannot go on in step. The rows before it are kept."
+            )
+        super().put(record)
+        if self.file is not None:
+            self.file.put(record)
+        if self.on_program is not None:
+            self.on_program(record)
+
+
+def cached_rows(cache: ProfileCache) -> list[ProfileRecord]:
+    """The rows of `cache` a measured run on this JAX can reuse (a superset: the runner
+    picks its own by key)."""
+    import jax
+
+    return [
+        r
+        for r in cache.records()
+        if r.key.backend == BACKEND and r.key.jax_version == jax.__version__
+    ]
+
+
+def segment_labels(segmentation: Any) -> tuple[str, ...]:
+    """The labels `labels=` accepts: segment types, then boundaries ("layer->head")."""
+    from explorer.space import pair_boundaries
+
+    unique = segmentation.unique
+    types = tuple(u.label for u in unique)
+    pairs = tuple(f"{unique[a].label}->{unique[b].label}" for a, b in pair_boundaries(segmentation))
+    return types + pairs
+
+
+def profile_on_cluster(
+    step: Callable[..., Any],
+    *args: Any,
+    cluster: Cluster,
+    mesh: Any,
+    platform: Any,
+    cache: str | Path | None,
+    labels: Sequence[str] = (),
+    free_axes: bool = False,
+    budget: int = DEFAULT_PROFILING_BUDGET,
+    workers: int | None = 1,
+    progress: bool = True,
+    on_program: Callable[[ProfileRecord], None] | None = None,
+) -> ClusterProfile:
+    """Profile `step(*args)` with the measured backend on `mesh`, laid over the devices of
+    every process of `cluster` (process-major: the outer axis runs across processes).
+
+    Every process of the cluster must call this with the same arguments (`join` checked the
+    software; the request is the caller's to check, as the command line does). Process 0
+    writes the rows to `cache`; `labels` restricts the run to some segment types and
+    boundaries (see `segment_labels`). `on_program(record)` is called on every process after
+    each program all have finished (a progress beat).
+    """
+    import jax
+
+    from explorer.blocks import build_blocks
+    from explorer.platforms import Platform, load_platform
+    from explorer.profile.runner import profile_all
+    from explorer.segments import build_segments
+    from explorer.space import build_space
+    from explorer.trace import trace
+
+    spec = mesh_spec(mesh)
+    if spec.size != cluster.devices:
+        raise ClusterError(
+            f"mesh {spec} has {spec.size} devices, but the {cluster.processes} process(es) of "
+            f"this run have {cluster.local_devices} each ({cluster.devices}); give a mesh of "
+            f"{cluster.devices} devices, such as {cluster.processes}x{cluster.local_devices} "
+            "(the outer axis across processes)"
+        )
+    if jax.device_count() != cluster.devices:
+        raise ClusterError(
+            f"JAX sees {jax.device_count()} devices but the cluster was joined with "
+            f"{cluster.devices}; call join() before any other JAX call"
+        )
+    target = platform if isinstance(platform, Platform) else load_platform(platform)
+    if target.devices < spec.size:
+        raise ClusterError(
+            f"platform {target.name!r} has {target.devices} devices, fewer than mesh {spec} "
+            "(it splits each measured time into communication and computation by pricing the "
+            "program's collectives on it); give a platform of at least that many devices, "
+            "such as one written by `python -m explorer calibrate` on this cluster"
+        )
+    graph = trace(step, *args)
+    analysis = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
+    segmentation = build_segments(graph, analysis, cap=budget)
+    known = segment_labels(segmentation)
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise ClusterError(
+            f"--only: no segment type or boundary named {unknown}; this model has {list(known)}"
+        )
+    chosen = frozenset(labels)
+    file = ProfileCache(cache) if cluster.leader and cache is not None else None
+    try:
+        rows = broadcast(cluster, cached_rows(file) if file is not None else [])
+        store = _RunCache(cluster, rows, file, on_program)
+        table = profile_all(
+            graph,
+            analysis,
+            segmentation,
+            spec,
+            platform=target,
+            backend=BACKEND,
+            cache=store,
+            budget=budget,
+            workers=workers,
+            progress=progress and cluster.leader,
+            only=(lambda kind, label, config: label in chosen) if chosen else None,
+            time_limit_factor=math.inf,  # see the module: no host stops a program alone
+        )
+    finally:
+        if file is not None:
+            file.close()
+    compiled = table[table["program"] != ""]
+    return ClusterProfile(
+        cluster=cluster,
+        mesh=spec,
+        programs=len(table),
+        profiled=compiled.loc[~compiled["cached"], "program"].nunique(),
+        cached=compiled.loc[compiled["cached"], "program"].nunique(),
+        infeasible=int((table["status"] != "ok").sum()),
+        cache=None if file is None else file.path,
+        table=table,
+    )
