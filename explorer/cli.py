@@ -45,9 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile.add_argument("--cache", default="~/.cache/explorer/profiles.sqlite")
     profile.add_argument(
         "--only",
-        default="",
-        help="comma-separated segment types or boundaries to profile (e.g. head,layer->head); "
-        "default everything",
+        action="append",
+        default=[],
+        help="profile only this segment type or boundary (head, layer->head) or one "
+        "configuration of a type (layer:M@x,N@y,...); repeat for more; default everything",
     )
     profile.add_argument(
         "--workers", type=int, default=1, help="compile threads per process (default 1)"
@@ -123,7 +124,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     model_fn, config = _zoo_config(args)
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
-    labels = tuple(part.strip() for part in args.only.split(",") if part.strip())
+    only = tuple(entry.strip() for entry in args.only if entry.strip())
     if args.workers < 1:
         raise ExplorerError(f"--workers: expected >= 1 compile threads, found {args.workers}")
     request = {
@@ -133,7 +134,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
         "mesh": str(mesh),
         "free axes": args.free_axes,
         "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
-        "only": ",".join(labels),
+        "only": list(only),
     }
 
     def joined(cluster: Any) -> None:
@@ -151,7 +152,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             mesh=mesh,
             platform=platform,
             cache=args.cache,
-            labels=labels,
+            only=only,
             free_axes=args.free_axes,
             workers=args.workers,
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),

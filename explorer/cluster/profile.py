@@ -17,6 +17,7 @@ Every other process keeps its rows in memory only.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -111,13 +112,67 @@ def cached_rows(cache: ProfileCache) -> list[ProfileRecord]:
 
 
 def segment_labels(segmentation: Any) -> tuple[str, ...]:
-    """The labels `labels=` accepts: segment types, then boundaries ("layer->head")."""
+    """The labels `only=` accepts: segment types, then boundaries ("layer->head")."""
     from explorer.space import pair_boundaries
 
     unique = segmentation.unique
     types = tuple(u.label for u in unique)
     pairs = tuple(f"{unique[a].label}->{unique[b].label}" for a, b in pair_boundaries(segmentation))
     return types + pairs
+
+
+def selection(
+    only: Sequence[str], analysis: Any, segmentation: Any
+) -> Callable[[str, str, str], bool] | None:
+    """The runner's filter for `only` entries: `label` (a segment type or a boundary, every
+    configuration) or `type:configuration` (one configuration of a segment type, named by its
+    own blocks' strategies, e.g. `layer:M@x+y,M@x+y,M@x+y,M@x+y`). Checked before profiling."""
+    from explorer.layouts import configuration_name
+    from explorer.profile.runner import own_config
+
+    if not only:
+        return None
+    known = segment_labels(segmentation)
+    first = {i.unique_id: i for i in reversed(segmentation.instances)}
+    configs = {}
+    for unique in segmentation.unique:
+        own = first[unique.id].blocks
+        spaces = [range(len(analysis.blocks[b].strategies)) for b in own]
+        configs[unique.label] = {
+            configuration_name(analysis.blocks, own, choice)
+            for choice in itertools.product(*spaces)
+        }
+    wanted: dict[str, set[str] | None] = {}
+    for entry in only:
+        label, _, config = entry.partition(":")
+        if label not in known:
+            raise ClusterError(
+                f"--only {entry!r}: no segment type or boundary named {label!r}; this model "
+                f"has {list(known)}"
+            )
+        if not config:
+            wanted[label] = None
+            continue
+        if label not in configs or config not in configs[label]:
+            some = sorted(configs.get(label, ()))[:4]
+            raise ClusterError(
+                f"--only {entry!r}: {label!r} has no configuration {config!r}; expected a "
+                f"segment type's own configuration such as {some}"
+                if some
+                else f"--only {entry!r}: a configuration can only be chosen for a segment type, "
+                f"not for the boundary {label!r}"
+            )
+        chosen = wanted.setdefault(label, set())
+        if chosen is not None:
+            chosen.add(config)
+
+    def keep(kind: str, label: str, config: str) -> bool:
+        if label not in wanted:
+            return False
+        chosen = wanted[label]
+        return chosen is None or own_config(config) in chosen
+
+    return keep
 
 
 def profile_on_cluster(
@@ -127,7 +182,7 @@ def profile_on_cluster(
     mesh: Any,
     platform: Any,
     cache: str | Path | None,
-    labels: Sequence[str] = (),
+    only: Sequence[str] = (),
     free_axes: bool = False,
     budget: int = DEFAULT_PROFILING_BUDGET,
     workers: int | None = 1,
@@ -139,8 +194,8 @@ def profile_on_cluster(
 
     Every process of the cluster must call this with the same arguments (`join` checked the
     software; the request is the caller's to check, as the command line does). Process 0
-    writes the rows to `cache`; `labels` restricts the run to some segment types and
-    boundaries (see `segment_labels`). `on_program(record)` is called on every process after
+    writes the rows to `cache`; `only` restricts the run to some segment types, boundaries
+    or configurations (see `selection`). `on_program(record)` is called on every process after
     each program all have finished (a progress beat).
     """
     import jax
@@ -176,13 +231,7 @@ def profile_on_cluster(
     graph = trace(step, *args)
     analysis = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
     segmentation = build_segments(graph, analysis, cap=budget)
-    known = segment_labels(segmentation)
-    unknown = [label for label in labels if label not in known]
-    if unknown:
-        raise ClusterError(
-            f"--only: no segment type or boundary named {unknown}; this model has {list(known)}"
-        )
-    chosen = frozenset(labels)
+    keep = selection(only, analysis, segmentation)
     file = ProfileCache(cache) if cluster.leader and cache is not None else None
     try:
         rows = broadcast(cluster, cached_rows(file) if file is not None else [])
@@ -198,7 +247,7 @@ def profile_on_cluster(
             budget=budget,
             workers=workers,
             progress=progress and cluster.leader,
-            only=(lambda kind, label, config: label in chosen) if chosen else None,
+            only=keep,
             time_limit_factor=math.inf,  # see the module: no host stops a program alone
         )
     finally:
