@@ -219,6 +219,15 @@ def _worker_environment(device_count: int) -> dict[str, str]:
     return env
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a SLURM task's or a container's
+    share), not the machine's count that `os.cpu_count()` gives."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 _shared: CompileWorkers | None = None
 _shared_lock = threading.Lock()
 
