@@ -115,6 +115,7 @@ def _hosts(
     devices: Sequence[int] | None = None,
     timeout: float = 20,
     port: int | None = None,
+    extra: Sequence[Sequence[str]] | None = None,
 ) -> Iterator[list[_Host]]:
     """`python -m explorer *command` on `processes` hosts of this machine (own sessions, so
     a host is killed with everything it started); every one is killed on the way out."""
@@ -128,10 +129,11 @@ def _hosts(
                 "--process-id", str(ids[i] if ids else i),
                 "--timeout", str(timeout),
             ]  # fmt: skip
+            own = list(extra[i]) if extra else []
             hosts.append(
                 _Host(
                     subprocess.Popen(
-                        [sys.executable, "-m", "explorer", *command, *flags],
+                        [sys.executable, "-m", "explorer", *command, *flags, *own],
                         env=_environment(devices[i] if devices else 2),
                         stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE,
@@ -314,3 +316,15 @@ def test_hosts_with_different_device_counts_are_refused_on_every_host(tmp_path: 
     for host in hosts:
         assert "same number of devices; process 0 has 2, process 1 has 1" in host.err
     assert not (tmp_path / "c.sqlite").exists()  # refused before any profiling
+
+
+@pytest.mark.slow
+def test_hosts_asked_different_things_are_refused_on_every_host(tmp_path: Path) -> None:
+    # the check that also catches different JAX, jaxlib or explorer code across hosts
+    command = _profile_command(tmp_path / "c.sqlite", ("head",))
+    with _hosts(command, processes=2, timeout=10, extra=[[], ["--preset", "small"]]) as hosts:
+        _wait(hosts, 90)
+    assert [h.code for h in hosts] == [EXIT_CLUSTER] * 2, _logs(hosts)
+    for host in hosts:
+        assert "the processes of this run disagree" in host.err
+        assert "config: process 0 has" in host.err and "process 1 has" in host.err
