@@ -51,7 +51,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "configuration of a type (layer:M@x,N@y,...); repeat for more; default everything",
     )
     profile.add_argument(
-        "--workers", type=int, default=1, help="compile threads per process (default 1)"
+        "--backend",
+        choices=["measured", "compiled"],
+        default="measured",
+        help="measured: every host runs every program; compiled: the hosts share the "
+        "compiles (each its share, process 0 gathers the rows)",
+    )
+    profile.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="compile threads per process (default: 1 measured, every core compiled)",
     )
     add_cluster_arguments(profile)
     sub.add_parser(
@@ -104,7 +114,7 @@ def _zoo_config(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _profile(args: argparse.Namespace, argv: list[str]) -> int:
-    """`explorer profile`: measured profiling on the global mesh of every process."""
+    """`explorer profile`: profiling on the global mesh of every process of a cluster run."""
     from explorer.cluster.join import run_joined, spec_from_arguments
     from explorer.cluster.supervise import die_with_parent, in_child, report, supervise
     from explorer.mesh import mesh_spec
@@ -125,10 +135,11 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
     only = tuple(entry.strip() for entry in args.only if entry.strip())
-    if args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise ExplorerError(f"--workers: expected >= 1 compile threads, found {args.workers}")
     request = {
         "command": "profile",
+        "backend": args.backend,
         "model": args.model,
         "config": repr(config),
         "mesh": str(mesh),
@@ -153,8 +164,9 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             platform=platform,
             cache=args.cache,
             only=only,
+            backend=args.backend,
             free_axes=args.free_axes,
-            workers=args.workers,
+            workers=args.workers or (1 if args.backend == "measured" else None),
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
         )
         report("profiled", result.summary())

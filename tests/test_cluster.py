@@ -25,7 +25,7 @@ import explorer as ex
 from explorer.cluster.join import EXIT_CLUSTER, ClusterError, cluster_spec, detect_launcher
 from explorer.cluster.supervise import lost_processes
 from explorer.platforms import load_platform
-from explorer.profile.runner import distinct_programs, own_config
+from explorer.profile.runner import distinct_programs, own_config, profile_all
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYER = "M@x+y,M@x+y,M@x+y,M@x+y"  # one configuration of the tiny GPT layer on 2x4
@@ -186,9 +186,9 @@ def _rows(path: Path) -> int:
         return 0
 
 
-def _profile_command(cache: Path, only: Sequence[str]) -> list[str]:
+def _profile_command(cache: Path, only: Sequence[str], mesh: str = "2x4") -> list[str]:
     entries = [arg for entry in only for arg in ("--only", entry)]
-    return ["profile", "--layers", "1", "--mesh", "2x4", "--cache", str(cache), *entries]
+    return ["profile", "--layers", "1", "--mesh", mesh, "--cache", str(cache), *entries]
 
 
 def _plannable(kind: str, label: str, config: str) -> bool:
@@ -328,3 +328,25 @@ def test_hosts_asked_different_things_are_refused_on_every_host(tmp_path: Path) 
     for host in hosts:
         assert "the processes of this run disagree" in host.err
         assert "config: process 0 has" in host.err and "process 1 has" in host.err
+
+
+@pytest.mark.slow
+def test_compiled_profiling_is_shared_among_the_hosts(tmp_path: Path) -> None:
+    cache = tmp_path / "cluster.sqlite"
+    command = [*_profile_command(cache, ("head", "layer->head"), mesh="4"), "--backend", "compiled"]
+    with _hosts(command, processes=2) as hosts:
+        _wait(hosts, 180)
+    assert [h.code for h in hosts] == [0, 0], _logs(hosts)
+    here = [int(h.out.split(" by this process")[0].rsplit("(", 1)[1]) for h in hosts]
+    assert all(n > 0 for n in here), here  # each host compiled its share
+    # the same rows as one process compiling everything itself
+    step, args = _tiny_gpt()
+    a = ex.analyze(step, *args, mesh=(4,), profile=False)
+    alone = profile_all(
+        a.graph, a.block_analysis, a.segments, a.mesh, platform=load_platform("a100-pcie-8"),
+        progress=False, only=lambda kind, label, config: label in ("head", "layer->head"),
+    )  # fmt: skip
+    with sqlite3.connect(cache) as db:
+        rows = db.execute("SELECT backend, mesh, status FROM profiles").fetchall()
+    assert len(rows) == sum(here) == distinct_programs(alone)
+    assert set(rows) == {("compiled", "4(x)", "ok")}

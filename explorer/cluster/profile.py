@@ -1,6 +1,6 @@
-"""Measured profiling on the global mesh of a cluster: every host runs every program, process 0
-keeps the rows.
+"""Profiling on the global mesh of a cluster; process 0 keeps the rows.
 
+`measured`: every host runs every program.
 Each program is an SPMD program over the devices of every process, so every process must
 compile and run the same programs in the same order. Three things keep them in step:
 
@@ -13,12 +13,18 @@ compile and run the same programs in the same order. Three things keep them in s
   so a row is in the file only once every host has finished it.
 
 Every other process keeps its rows in memory only.
+
+`compiled`: no program runs, so the hosts share the work: each compiles every N-th program
+of the run (its share, on its own cores), and process 0 gathers every host's rows at the end
+and writes them (a host that fails loses its share of this run; the others' rows are kept only
+if the gathering is reached). Cold compile-only profiling then scales with the hosts.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +34,10 @@ import pandas as pd
 
 from explorer.cluster.join import Cluster, ClusterError, broadcast, gather_bytes
 from explorer.mesh import MeshSpec, mesh_spec
-from explorer.profile.cache import ProfileCache, ProfileRecord
+from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
 from explorer.segments import DEFAULT_PROFILING_BUDGET
 
-BACKEND = "measured"
+BACKEND = "measured"  # the backend whose programs every host runs in step
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +46,10 @@ class ClusterProfile:
 
     cluster: Cluster
     mesh: MeshSpec
+    backend: str
     programs: int  # rows of the table (boundaries that move the same tensors share a program)
-    profiled: int  # programs this run measured
+    profiled: int  # programs this run measured or compiled
+    here: int  # of which this process compiled (compiled: its share; measured: all)
     cached: int  # programs found in the cache
     infeasible: int
     cache: Path | None  # the file process 0 wrote (None elsewhere, or without a cache)
@@ -57,7 +65,8 @@ class ClusterProfile:
         return (
             f"{self.programs} rows on mesh {self.mesh} over {self.cluster.processes} "
             f"process(es) x {self.cluster.local_devices} device(s): {self.profiled} programs "
-            f"measured{where}, {self.cached} from the cache, {self.infeasible} rows infeasible"
+            f"{self.backend} ({self.here} by this process){where}, {self.cached} from the "
+            f"cache, {self.infeasible} rows infeasible"
         )
 
 
@@ -72,6 +81,7 @@ class _RunCache(ProfileCache):
         rows: Sequence[ProfileRecord],
         file: ProfileCache | None,
         on_program: Callable[[ProfileRecord], None] | None,
+        in_step: bool = True,
     ) -> None:
         super().__init__(None)
         for record in rows:
@@ -79,8 +89,16 @@ class _RunCache(ProfileCache):
         self.cluster = cluster
         self.file = file
         self.on_program = on_program
+        self.in_step = in_step  # False: each host profiles its own share (compiled)
+        self.new: list[ProfileRecord] = []
 
     def put(self, record: ProfileRecord) -> None:
+        if not self.in_step:
+            super().put(record)
+            self.new.append(record)
+            if self.on_program is not None:
+                self.on_program(record)
+            return
         mine = f"{record.key.digest()[:16]}:{record.status}"
         outcomes = [b.decode() for b in gather_bytes(self.cluster, mine.encode())]
         differ = [(p, o) for p, o in enumerate(outcomes) if o != mine]
@@ -99,16 +117,26 @@ class _RunCache(ProfileCache):
             self.on_program(record)
 
 
-def cached_rows(cache: ProfileCache) -> list[ProfileRecord]:
-    """The rows of `cache` a measured run on this JAX can reuse (a superset: the runner
+def cached_rows(cache: ProfileCache, backend: str) -> list[ProfileRecord]:
+    """The rows of `cache` a `backend` run on this JAX can reuse (a superset: the runner
     picks its own by key)."""
     import jax
 
     return [
         r
         for r in cache.records()
-        if r.key.backend == BACKEND and r.key.jax_version == jax.__version__
+        if r.key.backend == backend and r.key.jax_version == jax.__version__
     ]
+
+
+def share(
+    cluster: Cluster, names: Sequence[tuple[str, str, str]]
+) -> Callable[[str, str, str], bool]:
+    """The programs this process compiles: every `processes`-th of the run's program names
+    (kind, label, configuration) in sorted order, starting at its id."""
+    ordered = sorted(set(names))
+    mine = frozenset(ordered[cluster.process_id :: cluster.processes])
+    return lambda kind, label, config: (kind, label, config) in mine
 
 
 def segment_labels(segmentation: Any) -> tuple[str, ...]:
@@ -183,20 +211,23 @@ def profile_on_cluster(
     platform: Any,
     cache: str | Path | None,
     only: Sequence[str] = (),
+    backend: str = BACKEND,
     free_axes: bool = False,
     budget: int = DEFAULT_PROFILING_BUDGET,
     workers: int | None = 1,
     progress: bool = True,
     on_program: Callable[[ProfileRecord], None] | None = None,
 ) -> ClusterProfile:
-    """Profile `step(*args)` with the measured backend on `mesh`, laid over the devices of
-    every process of `cluster` (process-major: the outer axis runs across processes).
+    """Profile `step(*args)` with `backend` ("measured" or "compiled", see the module) on
+    `mesh`, laid over the devices of every process of `cluster` (process-major: the outer
+    axis runs across processes).
 
     Every process of the cluster must call this with the same arguments (`join` checked the
     software; the request is the caller's to check, as the command line does). Process 0
     writes the rows to `cache`; `only` restricts the run to some segment types, boundaries
-    or configurations (see `selection`). `on_program(record)` is called on every process after
-    each program all have finished (a progress beat).
+    or configurations (see `selection`). `on_program(record)` is called after each program
+    (measured: once every process has finished it), a progress beat. `workers` is the
+    compiling threads of each process (compiled on one CPU process: worker processes).
     """
     import jax
 
@@ -208,6 +239,8 @@ def profile_on_cluster(
     from explorer.trace import trace
 
     spec = mesh_spec(mesh)
+    if backend not in ("measured", "compiled"):
+        raise ClusterError(f"backend: expected 'measured' or 'compiled', found {backend!r}")
     if spec.size != cluster.devices:
         raise ClusterError(
             f"mesh {spec} has {spec.size} devices, but the {cluster.processes} process(es) of "
@@ -233,33 +266,66 @@ def profile_on_cluster(
     segmentation = build_segments(graph, analysis, cap=budget)
     keep = selection(only, analysis, segmentation)
     file = ProfileCache(cache) if cluster.leader and cache is not None else None
-    try:
-        rows = broadcast(cluster, cached_rows(file) if file is not None else [])
-        store = _RunCache(cluster, rows, file, on_program)
-        table = profile_all(
+    in_step = backend == BACKEND
+
+    def run(store: ProfileCache, only: Callable[[str, str, str], bool] | None) -> pd.DataFrame:
+        return profile_all(
             graph,
             analysis,
             segmentation,
             spec,
             platform=target,
-            backend=BACKEND,
+            backend=backend,
             cache=store,
             budget=budget,
             workers=workers,
             progress=progress and cluster.leader,
-            only=keep,
+            only=only,
             time_limit_factor=math.inf,  # see the module: no host stops a program alone
         )
+
+    try:
+        rows = broadcast(cluster, cached_rows(file, backend) if file is not None else [])
+        store = _RunCache(cluster, rows, file, on_program, in_step=in_step)
+        new: set[ProgramKey] | None = None  # compiled: what the hosts compiled together
+        if in_step:
+            table = run(store, keep)
+        else:
+            names: list[tuple[str, str, str]] = []
+
+            def listed(kind: str, label: str, config: str) -> bool:
+                if keep is None or keep(kind, label, config):
+                    names.append((kind, label, config))
+                return False  # nothing is profiled: the run only names its programs
+
+            run(store, listed)
+            run(store, share(cluster, names))  # this host's share
+            everyone = [pickle.loads(b) for b in gather_bytes(cluster, pickle.dumps(store.new))]
+            new = set()
+            for record in (r for part in everyone for r in part):
+                new.add(record.key)
+                ProfileCache.put(store, record)
+                if file is not None:
+                    file.put(record)
+            table = run(store, keep)  # every row, from what every host compiled
     finally:
         if file is not None:
             file.close()
-    compiled = table[table["program"] != ""]
+    priced = table[table["program"] != ""]
+    if new is None:
+        profiled = here = priced.loc[~priced["cached"], "program"].nunique()
+        cached = priced.loc[priced["cached"], "program"].nunique()
+    else:
+        profiled, here = len(new), len({r.key for r in store.new})
+        cached = priced["program"].nunique() - profiled
     return ClusterProfile(
         cluster=cluster,
         mesh=spec,
+        backend=backend,
         programs=len(table),
-        profiled=compiled.loc[~compiled["cached"], "program"].nunique(),
-        cached=compiled.loc[compiled["cached"], "program"].nunique(),
+        profiled=profiled,
+        here=here,
+        cached=cached,
         infeasible=int((table["status"] != "ok").sum()),
         cache=None if file is None else file.path,
         table=table,
