@@ -10,14 +10,21 @@ from pathlib import Path
 import pytest
 
 from explorer.profile.backends import pool_size
-from explorer.profile.compile_workers import usable_cores
+from explorer.profile.compile_workers import WORKER_MEMORY_BYTES, usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_one_worker_per_thread_up_to_the_usable_cores() -> None:
     assert pool_size(1) == 1
-    assert pool_size(10_000) == usable_cores() <= (os.cpu_count() or 1)
+    assert pool_size(10_000, memory=10_000 * WORKER_MEMORY_BYTES) == usable_cores()
+    assert usable_cores() <= (os.cpu_count() or 1)
+
+
+def test_no_more_workers_than_the_memory_available_holds() -> None:
+    assert pool_size(96, cores=96, memory=4 * WORKER_MEMORY_BYTES) == 4
+    assert pool_size(96, cores=96, memory=WORKER_MEMORY_BYTES // 2) == 1  # one at least
+    assert pool_size(8, cores=96, memory=96 * WORKER_MEMORY_BYTES) == 8  # one per thread
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
@@ -26,7 +33,7 @@ def test_a_process_pinned_to_one_core_starts_one_worker() -> None:
     code = (
         "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
         "from explorer.profile.backends import pool_size\n"
-        "print(os.cpu_count(), pool_size(os.cpu_count()))\n"
+        "print(os.cpu_count(), pool_size(os.cpu_count(), memory=2**40))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

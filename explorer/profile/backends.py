@@ -28,7 +28,13 @@ from explorer._jax_compat import CompiledText, compile_request, read_executable
 from explorer.errors import ExplorerError
 from explorer.mesh import MeshSpec
 from explorer.profile.accounting import HeldMemory, MemoryAccounting
-from explorer.profile.compile_workers import CompileWorkers, shared_workers, usable_cores
+from explorer.profile.compile_workers import (
+    WORKER_MEMORY_BYTES,
+    CompileWorkers,
+    available_memory,
+    shared_workers,
+    usable_cores,
+)
 from explorer.profile.compute import dot_flops
 from explorer.profile.hlo import Collective, parse_collectives
 
@@ -96,11 +102,15 @@ def compile_program(lowered: Any, backend: Backend) -> Any:
     return lowered.compile()
 
 
-def pool_size(threads: int) -> int:
+def pool_size(threads: int, cores: int | None = None, memory: int | None = None) -> int:
     """Compile worker processes for `threads` compiling threads: one per thread, but no more
-    than the cores this process may use (`usable_cores`), since each compile is CPU-bound
-    and each worker holds a JAX runtime of its own in memory."""
-    return max(1, min(threads, usable_cores()))
+    than the cores this process may use (each compile is CPU-bound) nor than the memory
+    available holds (`WORKER_MEMORY_BYTES` each: a worker holds a JAX runtime of its own).
+    `cores` and `memory` default to this machine's (`usable_cores`, `available_memory`)."""
+    cores = usable_cores() if cores is None else cores
+    memory = available_memory() if memory is None else memory
+    by_memory = threads if memory is None else memory // WORKER_MEMORY_BYTES
+    return max(1, min(threads, cores, by_memory))
 
 
 def compile_workers(backend: Backend, threads: int) -> CompileWorkers | None:

@@ -228,6 +228,24 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+# What one worker may reach: its JAX runtime and the compiler's peak on one program
+# (benchmarks/cluster_bench.py: 439-468 MiB high-water for tiny GPT's programs), with room.
+WORKER_MEMORY_BYTES = 512 * 2**20
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can still give without swapping (Linux's MemAvailable); None
+    where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
 _shared: CompileWorkers | None = None
 _shared_lock = threading.Lock()
 
