@@ -32,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profile",
         help="measure every program on the devices of every process (jax.distributed) and "
         "keep the rows in the cache",
+        epilog="Run the same command on every host. Exit status: 0 done; 2 bad input; 3 a "
+        "host could not join, was lost or hung (the rows finished are kept in process 0's "
+        "cache: run the command again to resume).",
     )
     _add_model_arguments(profile)
     profile.add_argument("--mesh", required=True, help="mesh over every device, e.g. 2x4")
