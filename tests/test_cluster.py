@@ -205,10 +205,12 @@ def test_profile_and_calibrate_on_four_processes_then_plan_alone(tmp_path: Path)
     with _hosts(_profile_command(cache, PLANNABLE)) as hosts:
         took = _wait(hosts, 240)
     assert [h.code for h in hosts] == [0] * 4, _logs(hosts)
-    assert "measured into" in hosts[0].out and "process 0 keeps the rows" in hosts[3].out
     with sqlite3.connect(cache) as db:
         rows = db.execute("SELECT mesh, backend, status FROM profiles").fetchall()
     assert rows and set(rows) == {("2x4(x,y)", "measured", "ok")}, rows
+    n = len(rows)
+    assert f"{n} programs measured ({n} by this process) into {cache}" in hosts[0].out
+    assert "process 0 keeps the rows; this is process 3" in hosts[3].out
     print(f"profiled {len(rows)} programs on 4 processes x 2 devices in {took:.1f} s")
 
     # the cache, made on 4 processes, plans in this one process: every row is found
