@@ -4,7 +4,8 @@ Each run is a fresh Python process (cold: no JAX cache, no worker started, no pr
 that profiles every program of tiny GPT (2 layers) on a 1-D mesh of 4 with the `compiled`
 backend, `workers=N` (N compile threads feeding N recycled worker processes, see
 `explorer/profile/compile_workers.py`). Printed per run: wall seconds of `analyze`, the
-programs compiled, the memory high-water mark of the main process and of the largest compile
+programs compiled, the 1-minute load average before the run (other jobs on the machine take
+cores from it), the memory high-water mark of the main process and of the largest compile
 worker (`ru_maxrss` of the process and of its waited-for children), and their sum bounded
 as main + N x worker. Runs alternate 1, 2, 1, 2... and the best of each is compared:
 the ratio is t(1) / t(2), the speed-up of the second core.
@@ -78,10 +79,11 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     print(f"cold compiled profiling of tiny GPT ({args.layers} layers) on mesh 4, {cores} cores")
     print(f"{'workers':>7} {'processes':>9} {'seconds':>8} {'programs':>8} {'main MiB':>9} "
-          f"{'worker MiB':>10} {'bound MiB':>9}")  # fmt: skip
+          f"{'worker MiB':>10} {'bound MiB':>9} {'load before':>11}")  # fmt: skip
     best: dict[int, float] = {}
     for _ in range(args.repeats):
         for workers in (1, 2):
+            load = os.getloadavg()[0]  # other jobs on the machine take cores from the run
             out = subprocess.run(
                 [sys.executable, __file__, "--one", str(workers), "--layers", str(args.layers)],
                 env=env,
@@ -93,7 +95,7 @@ def main() -> None:
             bound = run["main_mib"] + run["processes"] * run["worker_mib"]
             print(
                 f"{workers:>7} {run['processes']:>9} {run['seconds']:>8.1f} {run['programs']:>8} "
-                f"{run['main_mib']:>9.0f} {run['worker_mib']:>10.0f} {bound:>9.0f}"
+                f"{run['main_mib']:>9.0f} {run['worker_mib']:>10.0f} {bound:>9.0f} {load:>11.1f}"
             )
             best[workers] = min(best.get(workers, float("inf")), run["seconds"])
     print(

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import explorer as ex
+from explorer.cli import main
 from explorer.cluster.join import EXIT_CLUSTER, ClusterError, cluster_spec, detect_launcher
 from explorer.cluster.supervise import lost_processes
 from explorer.platforms import load_platform
@@ -352,3 +353,19 @@ def test_compiled_profiling_is_shared_among_the_hosts(tmp_path: Path) -> None:
         rows = db.execute("SELECT backend, mesh, status FROM profiles").fetchall()
     assert len(rows) == sum(here) == distinct_programs(alone)
     assert set(rows) == {("compiled", "4(x)", "ok")}
+
+
+def test_profile_alone_measures_on_the_devices_of_this_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # no flags and no launcher: this process alone (the test session's 8 CPU devices)
+    for name in list(os.environ):
+        if name.startswith(_LAUNCH_VARIABLES):
+            monkeypatch.delenv(name)
+    cache = tmp_path / "alone.sqlite"
+    assert main([*_profile_command(cache, ("head",)), "--platform", "cpu-local"]) == 0
+    out = capsys.readouterr().out
+    summary = "over 1 process(es) x 8 device(s): 3 programs measured (3 by this process)"
+    assert f"{summary} into {cache}" in out
+    with sqlite3.connect(cache) as db:
+        assert db.execute("SELECT COUNT(*), MIN(status) FROM profiles").fetchone() == (3, "ok")
