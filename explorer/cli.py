@@ -1,14 +1,16 @@
-"""Command line: `python -m explorer plan|bench|calibrate ...`."""
+"""Command line: `python -m explorer plan|profile|calibrate|bench ...`."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from explorer import models
+from explorer.cluster.join import add_cluster_arguments
 from explorer.errors import ExplorerError
 
 
@@ -16,9 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="explorer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="analyse a model zoo training step on a mesh")
-    plan.add_argument("--model", choices=sorted(models.MODELS), default="gpt")
-    plan.add_argument("--preset", default="tiny", help="tiny, small or a paper-scale preset")
-    plan.add_argument("--layers", type=int, default=None, help="override num_layers")
+    _add_model_arguments(plan)
     plan.add_argument("--mesh", default="4", help="mesh shape, e.g. 4 or 2x4")
     plan.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
     plan.add_argument("--platform", default="a100-pcie-8", help="preset name or JSON file")
@@ -28,6 +28,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--no-profile", action="store_true", help="stop after segmentation")
     plan.add_argument("--budget", default=None, help="memory per device, e.g. 8GiB or 512MiB")
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
+    profile = sub.add_parser(
+        "profile",
+        help="measure every program on the devices of every process (jax.distributed) and "
+        "keep the rows in the cache",
+        epilog="Run the same command on every host. Exit status: 0 done; 2 bad input; 3 a "
+        "host could not join, was lost or hung (the rows finished are kept in process 0's "
+        "cache: run the command again to resume).",
+    )
+    _add_model_arguments(profile)
+    profile.add_argument("--mesh", required=True, help="mesh over every device, e.g. 2x4")
+    profile.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
+    profile.add_argument(
+        "--platform",
+        default="a100-pcie-8",
+        help="preset name or JSON file (splits the measured time into communication and "
+        "computation; plan with the same one to reuse the rows)",
+    )
+    profile.add_argument("--cache", default="~/.cache/explorer/profiles.sqlite")
+    profile.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="profile only this segment type or boundary (head, layer->head) or one "
+        "configuration of a type (layer:M@x,N@y,...); repeat for more; default everything",
+    )
+    profile.add_argument(
+        "--backend",
+        choices=["measured", "compiled"],
+        default="measured",
+        help="measured: every host runs every program; compiled: the hosts share the "
+        "compiles (each its share, process 0 gathers the rows)",
+    )
+    profile.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="compile threads per process (default: 1 measured, every core compiled)",
+    )
+    add_cluster_arguments(profile)
     sub.add_parser(
         "calibrate", help="measure collectives, write a platform file (see calibrate -h)"
     )
@@ -48,17 +87,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         if args.command == "bench":
             return _bench(args)
+        if args.command == "profile":
+            return _profile(args, list(sys.argv[1:] if argv is None else argv))
         return _plan(args)
     except ExplorerError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from explorer.baselines import BASELINES
-    from explorer.pipeline import analyze
-    from explorer.plan import evaluate
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", choices=sorted(models.MODELS), default="gpt")
+    parser.add_argument("--preset", default="tiny", help="tiny, small or a paper-scale preset")
+    parser.add_argument("--layers", type=int, default=None, help="override num_layers")
 
+
+def _zoo_config(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The zoo model function and its configuration the arguments name."""
     model_fn, config_cls = models.MODELS[args.model]
     preset = getattr(config_cls, args.preset, None)
     if preset is None or not callable(preset):
@@ -69,6 +113,79 @@ def _plan(args: argparse.Namespace) -> int:
     config = preset()
     if args.layers is not None:
         config = config.replace(num_layers=args.layers)
+    return model_fn, config
+
+
+def _profile(args: argparse.Namespace, argv: list[str]) -> int:
+    """`explorer profile`: profiling on the global mesh of every process of a cluster run."""
+    from explorer.cluster.join import run_joined, spec_from_arguments
+    from explorer.cluster.supervise import die_with_parent, in_child, report, supervise
+    from explorer.mesh import mesh_spec
+    from explorer.platforms import load_platform
+
+    spec = spec_from_arguments(args)
+    if spec.distributed and not in_child():
+        return supervise(
+            argv,
+            spec,
+            resume_hint=". The rows finished before are kept in process 0's cache "
+            f"({args.cache}); run the same command again on every host to resume from them",
+        )
+    if in_child():
+        die_with_parent()
+    # everything that can be checked alone is checked before joining the others
+    model_fn, config = _zoo_config(args)
+    mesh = mesh_spec(args.mesh)
+    platform = load_platform(args.platform)
+    only = tuple(entry.strip() for entry in args.only if entry.strip())
+    if args.workers is not None and args.workers < 1:
+        raise ExplorerError(f"--workers: expected >= 1 compile threads, found {args.workers}")
+    request = {
+        "command": "profile",
+        "backend": args.backend,
+        "model": args.model,
+        "config": repr(config),
+        "mesh": str(mesh),
+        "free axes": args.free_axes,
+        "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
+        "only": list(only),
+    }
+
+    def joined(cluster: Any) -> None:
+        report("joined", f"{cluster.processes} processes x {cluster.local_devices} devices")
+
+    def body(cluster: Any) -> int:
+        from explorer.cluster.profile import profile_on_cluster
+
+        step, example = model_fn(config, abstract=True)
+        start = time.perf_counter()
+        result = profile_on_cluster(
+            step,
+            *example,
+            cluster=cluster,
+            mesh=mesh,
+            platform=platform,
+            cache=args.cache,
+            only=only,
+            backend=args.backend,
+            free_axes=args.free_axes,
+            workers=args.workers or (1 if args.backend == "measured" else None),
+            on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
+        )
+        report("profiled", result.summary())
+        print(result.summary())
+        print(f"profiling took {time.perf_counter() - start:.1f} s")
+        return 0
+
+    return run_joined(spec, request, body, on_joined=joined)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from explorer.baselines import BASELINES
+    from explorer.pipeline import analyze
+    from explorer.plan import evaluate
+
+    model_fn, config = _zoo_config(args)
     measured = args.backend == "measured"
     step, example = model_fn(config, abstract=not measured)
     start = time.perf_counter()

@@ -714,7 +714,6 @@ def _time_collective(
     mesh: Any, axis: str, kind: CollectiveKind, nbytes: int, repeats: int
 ) -> float:
     import jax
-    import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
     n = mesh.shape[axis]
@@ -726,7 +725,9 @@ def _time_collective(
     spec = PartitionSpec(all_axes)
     body = _collective_body(kind, axis, n)
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
-    x = jax.device_put(jnp.ones((local * mesh.size,), jnp.float32), NamedSharding(mesh, spec))
+    # built shard by shard: the devices of other processes are not this process's to fill
+    host = np.ones((local * mesh.size,), np.float32)
+    x = jax.make_array_from_callback(host.shape, NamedSharding(mesh, spec), lambda i: host[i])
     return _median_time(lambda: fn(x).block_until_ready(), repeats)
 
 
@@ -767,7 +768,7 @@ def _measure_device(repeats: int) -> DeviceModel:
     import jax
     import jax.numpy as jnp
 
-    dev = jax.devices()[0]
+    dev = jax.local_devices()[0]  # this process's own: each process measures its devices
     size = 1024
     peaks = {}
     for name, dtype, precision in _MEASURED_DTYPES:
@@ -802,6 +803,7 @@ def calibrate(
     sizes: Sequence[int] = DEFAULT_SIZES,
     repeats: int = 5,
     devices_per_node: int | None = None,
+    on_step: Callable[[str], None] | None = None,
 ) -> Platform:
     """Measure a Platform from the devices JAX sees.
 
@@ -812,6 +814,10 @@ def calibrate(
     so the per-device share of a shared NIC is what gets measured). Each size is the full
     buffer in bytes (see `Platform.collective_time`); latency and bus bandwidth come from a
     least-squares fit of the ring formula.
+
+    Under `jax.distributed` every process must call it alike (the collectives span them);
+    each process measures its own device. `on_step(what)` is called before each measured
+    kind and level (a progress beat).
     """
     import jax
     from jax.sharding import Mesh
@@ -851,6 +857,8 @@ def calibrate(
             continue
         fitted = {}
         for kind in KINDS:
+            if on_step is not None:
+                on_step(f"{kind.value} over {axis} ({n} devices)")
             samples = [
                 _Sample(kind, level_name, n, int(s), _time_collective(grid, axis, kind, s, repeats))
                 for s in sizes
@@ -859,11 +867,15 @@ def calibrate(
         levels[level_name] = LinkLevel.of(f"measured-{level_name}", fitted)
     intra = levels.get("intra") or levels["inter"]  # one device per node: intra is never used
     platform_name = devices[0].platform
+    if on_step is not None:
+        on_step("the device's matmul and memory throughput")
+    processes = len({d.process_index for d in chosen})
     today = datetime.date.today().isoformat()
     return Platform(
         name=f"calibrated-{platform_name}-{count}",
         description=(
-            f"Measured on {count} {platform_name} devices ({nodes} node(s) x {per_node}) with "
+            f"Measured on {count} {platform_name} devices ({nodes} node(s) x {per_node}, "
+            f"{processes} process(es)) with "
             f"sizes {min(sizes)}..{max(sizes)} bytes, median of {repeats} runs. Device "
             "figures are rough: one 1024^3 matmul per dtype measured ("
             f"{', '.join(n for n, _, _ in _MEASURED_DTYPES)}; other dtypes have no peak) and "
@@ -913,10 +925,17 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def calibrate_main(argv: Sequence[str] | None = None) -> int:
-    """`explorer calibrate --out PATH`: measure this machine and write a platform file."""
+    """`explorer calibrate --out PATH`: measure this machine, or every process of a cluster
+    run (`--coordinator`..., or a launcher's environment), and write a platform file (on
+    process 0 of a cluster run)."""
+    from explorer.cluster.join import add_cluster_arguments, run_joined, spec_from_arguments
+    from explorer.cluster.supervise import die_with_parent, in_child, report, supervise
+
     parser = argparse.ArgumentParser(
         prog="explorer calibrate",
-        description="Measure collective latency/bandwidth and device throughput with JAX.",
+        description="Measure collective latency/bandwidth and device throughput with JAX. On "
+        "several processes, the axis within a process gives the 'intra' level and the axis "
+        "across processes the 'inter' level of the platform file.",
     )
     parser.add_argument("--out", required=True, type=Path, help="platform JSON file to write")
     parser.add_argument(
@@ -928,20 +947,53 @@ def calibrate_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per size (median)")
     parser.add_argument("--devices", type=int, default=None, help="use the first N devices")
     parser.add_argument(
-        "--devices-per-node", type=int, default=None, help="default: devices per process"
+        "--devices-per-node",
+        type=int,
+        default=None,
+        help="devices of one 'intra' group (default: the devices of one process; give the "
+        "devices of one host when a host runs several processes, e.g. one per GPU)",
     )
+    add_cluster_arguments(parser)
     args = parser.parse_args(argv)
     try:
+        spec = spec_from_arguments(args)
+    except ExplorerError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if spec.distributed and not in_child():
+        return supervise(["calibrate", *(sys.argv[2:] if argv is None else argv)], spec)
+    if in_child():
+        die_with_parent()
+    request = {
+        "command": "calibrate",
+        "sizes": list(args.sizes),
+        "repeats": args.repeats,
+        "devices": args.devices,
+        "devices per node": args.devices_per_node,
+    }
+
+    def body(cluster: Any) -> int:
         platform = calibrate(
             mesh=mesh_spec(args.devices) if args.devices else None,
             sizes=args.sizes,
             repeats=args.repeats,
             devices_per_node=args.devices_per_node,
+            on_step=lambda what: report("calibrating", what),
         )
-    except ExplorerError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    save_platform(platform, args.out)
-    print(format_platform(platform))
-    print(f"wrote {args.out}")
-    return 0
+        if cluster.leader:
+            save_platform(platform, args.out)
+            print(format_platform(platform))
+            print(f"wrote {args.out}")
+        else:
+            print(
+                f"process {cluster.process_id} of {cluster.processes}: calibrated (process 0 "
+                f"writes {args.out})"
+            )
+        return 0
+
+    return run_joined(
+        spec,
+        request,
+        body,
+        on_joined=lambda c: report("joined", f"{c.processes} processes x {c.local_devices}"),
+    )

@@ -28,7 +28,13 @@ from explorer._jax_compat import CompiledText, compile_request, read_executable
 from explorer.errors import ExplorerError
 from explorer.mesh import MeshSpec
 from explorer.profile.accounting import HeldMemory, MemoryAccounting
-from explorer.profile.compile_workers import CompileWorkers, shared_workers
+from explorer.profile.compile_workers import (
+    WORKER_MEMORY_BYTES,
+    CompileWorkers,
+    available_memory,
+    shared_workers,
+    usable_cores,
+)
 from explorer.profile.compute import dot_flops
 from explorer.profile.hlo import Collective, parse_collectives
 
@@ -96,10 +102,21 @@ def compile_program(lowered: Any, backend: Backend) -> Any:
     return lowered.compile()
 
 
+def pool_size(threads: int, cores: int | None = None, memory: int | None = None) -> int:
+    """Compile worker processes for `threads` compiling threads: one per thread, but no more
+    than the cores this process may use (each compile is CPU-bound) nor than the memory
+    available holds (`WORKER_MEMORY_BYTES` each: a worker holds a JAX runtime of its own).
+    `cores` and `memory` default to this machine's (`usable_cores`, `available_memory`)."""
+    cores = usable_cores() if cores is None else cores
+    memory = available_memory() if memory is None else memory
+    by_memory = threads if memory is None else memory // WORKER_MEMORY_BYTES
+    return max(1, min(threads, cores, by_memory))
+
+
 def compile_workers(backend: Backend, threads: int) -> CompileWorkers | None:
-    """Worker processes for compile-only pricing on the CPU of one process, `threads` of
-    them compiling at once; None where programs compile here (a measured program runs where
-    it was compiled; a GPU worker would hold device memory of its own)."""
+    """Worker processes for compile-only pricing on the CPU of one process, `pool_size`
+    of them compiling at once; None where programs compile here (a measured program runs
+    where it was compiled; a GPU worker would hold device memory of its own)."""
     if (
         not COMPILE_IN_WORKERS
         or backend is not Backend.COMPILED
@@ -107,7 +124,7 @@ def compile_workers(backend: Backend, threads: int) -> CompileWorkers | None:
         or jax.process_count() != 1
     ):
         return None
-    return shared_workers(threads, jax.device_count())
+    return shared_workers(pool_size(threads), jax.device_count())
 
 
 def compile_to_text(lowered: Any, workers: CompileWorkers | None = None) -> CompiledText:

@@ -219,6 +219,33 @@ def _worker_environment(device_count: int) -> dict[str, str]:
     return env
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a SLURM task's or a container's
+    share), not the machine's count that `os.cpu_count()` gives."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+# What one worker may reach: its JAX runtime and the compiler's peak on one program
+# (benchmarks/cluster_bench.py: 439-468 MiB high-water for tiny GPT's programs), with room.
+WORKER_MEMORY_BYTES = 512 * 2**20
+
+
+def available_memory() -> int | None:
+    """Bytes the machine can still give without swapping (Linux's MemAvailable); None
+    where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
 _shared: CompileWorkers | None = None
 _shared_lock = threading.Lock()
 
