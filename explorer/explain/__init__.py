@@ -1,0 +1,18 @@
+"""Why this plan: the engine side of explaining a plan.
+
+- `attribute`: every collective of the plan's compiled whole step, priced and attributed to
+  the block (or the boundary between blocks) that makes the compiler emit it;
+- `counterfactuals`: per block, what changing it to each other strategy would cost or save,
+  from the profiles (no new compiles);
+- `plan_diff`: which choices two plans make differently, and the predicted deltas.
+"""
+
+from explorer.explain.attribution import (
+    AttributedCollective,
+    Attribution,
+    BlockShare,
+    Target,
+    attribute,
+)
+
+__all__ = ["AttributedCollective", "Attribution", "BlockShare", "Target", "attribute"]
