@@ -1,4 +1,4 @@
-"""Why this plan: the engine side of explaining a plan.
+"""Why this plan: the engine side of explaining a plan (the UI draws what these return).
 
 - `attribute`: every collective of the plan's compiled whole step, priced and attributed to
   the block (or the boundary between blocks) that makes the compiler emit it;
@@ -14,5 +14,27 @@ from explorer.explain.attribution import (
     Target,
     attribute,
 )
+from explorer.explain.counterfactual import (
+    Counterfactual,
+    Counterfactuals,
+    counterfactuals,
+    plan_selection,
+)
+from explorer.explain.diff import BlockChange, ParameterChange, PlanDiff, SegmentChange, plan_diff
 
-__all__ = ["AttributedCollective", "Attribution", "BlockShare", "Target", "attribute"]
+__all__ = [
+    "AttributedCollective",
+    "Attribution",
+    "BlockChange",
+    "BlockShare",
+    "Counterfactual",
+    "Counterfactuals",
+    "ParameterChange",
+    "PlanDiff",
+    "SegmentChange",
+    "Target",
+    "attribute",
+    "counterfactuals",
+    "plan_diff",
+    "plan_selection",
+]

@@ -336,9 +336,8 @@ class _Attributor:
         origin = self.origins.origin(name, element, op_name=op_name)
         if origin.ops:
             return self._from_ops(origin)
-        if op_key(op_name)[1] or not op_name:
-            return self._from_flow(name, element, op_name)
-        return self._unknown(f"op name {op_name!r} names no op of the traced step")
+        # a sharding constraint, or a name the graph does not have: by where it moves data
+        return self._from_flow(name, element, op_name)
 
     def _from_ops(self, origin: Origin) -> dict[str, Any]:
         ops = origin.ops
@@ -346,8 +345,9 @@ class _Attributor:
         blocks = {b for b, _ in owners.values()}
         how = " and ".join(origin.evidence)
         shown = _ops_text(ops)
-        if len(blocks) == 1 and None not in blocks:
-            (block,) = blocks
+        owned = {b for b in blocks if b is not None}
+        if len(blocks) == 1 and owned:
+            (block,) = owned
             op = ops[0]
             relation = owners[op][1]
             return self._block_row(block, op, f"{how} match {shown}, {relation} block {block}")
@@ -373,8 +373,8 @@ class _Attributor:
         moves and the values made from what it moved."""
         made = self.origins.producers(name, element)
         read = self.origins.consumers(name, element)
-        before = set().union(*(self._owners(o) for o in made)) - {None}
-        after = set().union(*(self._owners(o) for o in read)) - {None}
+        before = {b for o in made for b in self._owners(o) if b is not None}
+        after = {b for o in read for b in self._owners(o) if b is not None}
         consumer_op = next((o.ops[0] for o in read if o.ops), None)
         producer_op = next((o.ops[0] for o in made if o.ops), None)
         what = f"{op_key(op_name)[1] or 'an unnamed instruction'}"
@@ -467,12 +467,12 @@ def _updated_inputs(graph: Graph) -> dict[int, int]:
             by_key.setdefault(
                 (path_suffix(value.path), value.type.shape, value.type.dtype), position
             )
-    found = {}
+    found: dict[int, int] = {}
     for k, (vid, path) in enumerate(zip(graph.outputs, graph.output_paths, strict=False)):
         tt = graph.values[vid].type
-        position = by_key.get((path_suffix(path), tt.shape, tt.dtype))
-        if position is not None:
-            found[k] = position
+        updated = by_key.get((path_suffix(path), tt.shape, tt.dtype))
+        if updated is not None:
+            found[k] = updated
     return found
 
 
