@@ -25,12 +25,12 @@ from explorer.profile.hlo import entry_instructions
 
 # Collectives left "unknown" per zoo model under its Megatron plan on mesh 4, and why (the
 # bound is what the attribution reaches today; it may only go down):
-# - BERT: a layer's attention-output bias gradient and its layer norm's are all-reduced by
-#   ops of one name, shape and data flow in two blocks (the bias add and the norm follow
-#   different blocks); XLA combines two of them.
-# - MoE: resharding all-gathers of the router's top-k (`reduce`) and of the expert dispatch
-#   read by several blocks at once, and a combined gradient all-reduce element named by ops
-#   of the two expert blocks.
+# - BERT (5): layer-norm gradient all-reduces of the head and the embedding
+#   (`transpose(jvp(head))/reduce_sum`, `transpose(jvp(embed))/reduce_sum`): five ops of
+#   that name, shape and data flow, laid out by two different blocks (or by none).
+# - MoE (6): all-gathers of the router's `reduce` (an op name the graph does not have),
+#   and a sharding-constraint all-gather, each read by ops of several blocks; and one
+#   element of a combined gradient all-reduce named by ops of both expert blocks.
 UNKNOWN_BOUND = {"llama": 0, "bert": 5, "moe": 6}
 
 
@@ -104,7 +104,7 @@ def test_every_collective_of_tiny_gpt_is_attributed_and_the_times_add_up(
                 assert row.source_block is not None and row.source_block != row.block
         # Megatron's K-split blocks all-reduce their forward results: attributed to them
         if plan.source == "megatron":
-            k_blocks = {b for b, s in enumerate(plan.strategies) if s.startswith("K@")}
+            k_blocks = {b for b, s in enumerate(plan.strategies) if "K@" in s}
             forward = [
                 c
                 for c in found.collectives
@@ -141,7 +141,11 @@ def test_counterfactuals_are_the_cost_model_prediction_of_the_altered_plan() -> 
         altered = analysis.plan_of(row.selection)
         assert row.time_delta == pytest.approx(altered.time - plan.time, rel=1e-9, abs=1e-15)
         assert row.memory_delta == altered.memory - plan.memory
-        changed = [b for b, (x, y) in enumerate(zip(plan.strategies, altered.strategies)) if x != y]
+        changed = [
+            b
+            for b, (x, y) in enumerate(zip(plan.strategies, altered.strategies, strict=True))
+            if x != y
+        ]
         assert changed == list(row.blocks) == [row.block]
         assert altered.strategies[row.block] == row.strategy
     frame = table.frame()
@@ -169,7 +173,7 @@ def test_plan_diff() -> None:
     diff = plan_diff(dp, megatron)
     assert not diff.empty
     assert [c.block for c in diff.blocks] == [
-        b for b, (x, y) in enumerate(zip(dp.strategies, megatron.strategies)) if x != y
+        b for b, (x, y) in enumerate(zip(dp.strategies, megatron.strategies, strict=True)) if x != y
     ]
     assert diff.time_delta == megatron.time - dp.time
     assert diff.memory_delta == megatron.memory - dp.memory
