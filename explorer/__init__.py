@@ -3,7 +3,7 @@
 Public verbs only; the stages live in their own modules and `pipeline` chains them.
 """
 
-from explorer import models
+from explorer import explain, models
 from explorer.errors import ExplorerError
 from explorer.ir import Graph
 from explorer.pipeline import Analysis, analyze
@@ -18,6 +18,7 @@ __all__ = [
     "analyze",
     "apply_plan",
     "evaluate",
+    "explain",
     "load_plan",
     "models",
     "trace",

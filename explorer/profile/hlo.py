@@ -251,3 +251,64 @@ def _permute_axes(attrs: str, mesh: MeshSpec) -> tuple[str, ...]:
         a, b = _coordinates(int(source), mesh), _coordinates(int(target), mesh)
         varying |= {i for i in range(len(a)) if a[i] != b[i]}
     return tuple(mesh.names[i] for i in sorted(varying))
+
+
+@dataclass(frozen=True, slots=True)
+class HloInstruction:
+    """One instruction of a module's entry computation, as its text prints it."""
+
+    name: str
+    opcode: str
+    shapes: tuple[tuple[str, tuple[int, ...]], ...]  # (dtype, dims) of each array it makes
+    operands: tuple[str, ...]  # names of the instructions it reads, in order
+    op_name: str  # the JAX op name (name stack / primitive) of its metadata; "" without
+    index: int | None = None  # a get-tuple-element: the element of its operand it reads
+    parameter: int | None = None  # a parameter: the number of the argument it receives
+    root: bool = False
+
+
+_PARAMETER = re.compile(r"\sparameter\((\d+)\)")
+
+
+def entry_instructions(hlo: str) -> tuple[HloInstruction, ...]:
+    """The instructions of the entry computation of an HLO module, in textual order (for
+    a scheduled module: execution order). Names are unique within the module."""
+    found = []
+    in_entry = False
+    for line in hlo.splitlines():
+        if line.startswith("ENTRY"):
+            in_entry = True
+            continue
+        if line.startswith("}"):
+            in_entry = False
+        if not in_entry:
+            continue
+        match = _DEFINITION.match(line)
+        if match is None:
+            continue
+        rest = match["rest"]
+        opcode = _OPCODE.search(rest)
+        if opcode is None:
+            continue
+        shapes = tuple(
+            (m["dtype"], tuple(int(d) for d in m["dims"].split(",") if d))
+            for m in _SHAPE.finditer(rest[: opcode.start()])
+        )
+        kind = opcode["op"]
+        head = rest[opcode.end() :].split("), ", 1)[0]  # operands, before the attributes
+        op_name = _OP_NAME.search(rest)
+        index = _INDEX.search(rest) if kind == "get-tuple-element" else None
+        parameter = _PARAMETER.search(rest) if kind == "parameter" else None
+        found.append(
+            HloInstruction(
+                name=match["name"],
+                opcode=kind,
+                shapes=shapes,
+                operands=tuple(_REFERENCE.findall(head)),
+                op_name=op_name[1] if op_name else "",
+                index=int(index[1]) if index else None,
+                parameter=int(parameter[1]) if parameter else None,
+                root=bool(match["root"]),
+            )
+        )
+    return tuple(found)

@@ -1,0 +1,40 @@
+"""Why this plan: the engine side of explaining a plan (the UI draws what these return).
+
+- `attribute`: every collective of the plan's compiled whole step, priced and attributed to
+  the block (or the boundary between blocks) that makes the compiler emit it;
+- `counterfactuals`: per block, what changing it to each other strategy would cost or save,
+  from the profiles (no new compiles);
+- `plan_diff`: which choices two plans make differently, and the predicted deltas.
+"""
+
+from explorer.explain.attribution import (
+    AttributedCollective,
+    Attribution,
+    BlockShare,
+    Target,
+    attribute,
+)
+from explorer.explain.counterfactual import (
+    Counterfactual,
+    Counterfactuals,
+    counterfactuals,
+    plan_selection,
+)
+from explorer.explain.diff import BlockChange, ParameterChange, PlanDiff, SegmentChange, plan_diff
+
+__all__ = [
+    "AttributedCollective",
+    "Attribution",
+    "BlockChange",
+    "BlockShare",
+    "Counterfactual",
+    "Counterfactuals",
+    "ParameterChange",
+    "PlanDiff",
+    "SegmentChange",
+    "Target",
+    "attribute",
+    "counterfactuals",
+    "plan_diff",
+    "plan_selection",
+]
