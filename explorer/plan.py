@@ -541,6 +541,32 @@ def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
     return evaluate_on(plan, [platform], step, *args)[platform]
 
 
+@dataclass(frozen=True)
+class LoweredStep:
+    """The training step lowered under a plan, as `evaluate_on` compiles it."""
+
+    graph: Graph
+    assignment: ShardingAssignment
+    realised: Any
+    leaves: tuple[Any, ...]  # flat abstract inputs, so `measure` builds one array per leaf
+    lowered: Any
+
+
+def lower_step(plan: Plan, step: Callable[..., Any], args: tuple[Any, ...]) -> LoweredStep:
+    """`step` configured by `plan`, realised and lowered from abstract inputs."""
+    graph, assignment = _configure(plan, step, args)
+    # unrolled (realize's default): XLA's cost analysis counts a while loop's body once,
+    # not once per trip, so only the unrolled step prices as the scan runs.
+    # donated as a training loop donates: the step holds its parameters and optimizer state
+    # once, which is what the composed memory predicts
+    realised = realize(graph, assignment, make_mesh(plan.mesh), donate=True)
+    abstract = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
+    )
+    leaves = tuple(jax.tree_util.tree_leaves(abstract))
+    return LoweredStep(graph, assignment, realised, leaves, realised.flat_fn.lower(*leaves))
+
+
 def evaluate_on(
     plan: Plan,
     platforms: Sequence[str],
@@ -563,19 +589,9 @@ def evaluate_on(
         price_compiled,
     )
 
-    graph, assignment = _configure(plan, step, args)
-    # unrolled (realize's default): XLA's cost analysis counts a while loop's body once,
-    # not once per trip, so only the unrolled step prices as the scan runs.
-    # donated as a training loop donates: the step holds its parameters and optimizer state
-    # once, which is what the composed memory predicts
-    realised = realize(graph, assignment, make_mesh(plan.mesh), donate=True)
-    abstract = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
-    )
+    step_under = lower_step(plan, step, args)
+    realised, leaves, lowered = step_under.realised, step_under.leaves, step_under.lowered
     kind = Backend(backend)
-    # flat inputs, so that `measure` can build one device array per leaf
-    leaves = jax.tree_util.tree_leaves(abstract)
-    lowered = realised.flat_fn.lower(*leaves)
     price: Callable[[Any], ProgramProfile]
     if kind is Backend.MEASURED:
         executable = compile_program(lowered, kind)

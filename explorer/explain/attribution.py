@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-import jax
 import pandas as pd
 
 from explorer.errors import AnalysisError
@@ -210,19 +209,12 @@ def attribute(analysis: Analysis, plan: Plan) -> Attribution:
 
 def _compile_step(plan: Plan, analysis: Analysis) -> tuple[Graph, Any, Any]:
     """The step compiled under the plan exactly as `plan.evaluate_on` compiles it."""
-    from explorer.mesh import make_mesh
-    from explorer.plan import _configure
+    from explorer.plan import lower_step
     from explorer.profile.backends import Backend, compile_to_text, compile_workers
-    from explorer.realize import realize
 
-    args = analysis.args
-    graph, assignment = _configure(plan, analysis.step, args)
-    realised = realize(graph, assignment, make_mesh(plan.mesh), donate=True)
-    abstract = jax.tree_util.tree_map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
-    )
-    lowered = realised.flat_fn.lower(*jax.tree_util.tree_leaves(abstract))
-    return graph, assignment, compile_to_text(lowered, compile_workers(Backend.COMPILED, 1))
+    step = lower_step(plan, analysis.step, analysis.args)
+    text = compile_to_text(step.lowered, compile_workers(Backend.COMPILED, 1))
+    return step.graph, step.assignment, text
 
 
 def _placement(analysis: Analysis, plan: Plan) -> Placement | None:
