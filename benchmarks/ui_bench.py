@@ -1,9 +1,11 @@
 """Kernel-side latency of one memory-budget slider step in the notebook explorer.
 
 Tiny GPT at 48 layers on mesh 4, the whole configuration space profiled (106 programs, the
-same as at 2 layers: a warm cache makes this cheap after the first run). Each step sets the
-slider widget's value (one step per frontier plan), as a drag does: the observer, the frontier
-lookup, the plan summary, the graph restyle, the bars' highlight and the frontier marker. Run:
+same as at 2 layers: a warm cache makes this cheap after the first run). Two walks of 200
+steps each: the slider widget's value set to a random frontier plan, as a drag does (the
+observer, the frontier lookup, the plan summary, the graph restyle, the bars' highlight and
+the frontier marker), and `Explorer.set_budget` with random budgets between the smallest and
+the largest plan, as `explorer/bench.py`'s slider section does. Run:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/ui_bench.py [layers]
 """
@@ -49,7 +51,16 @@ def main() -> None:
         app.budget_w.value = rng.randint(low, high)  # a frontier plan, as the slider sends it
         walls.append(time.perf_counter() - start)
         changed += app.summary != before
-    for name, samples in (("re-solve and views", app.timings), ("slider observer", walls)):
+    slider = list(app.timings)
+    app.timings.clear()
+    least, most = frontier.min_memory, frontier.points[-1].memory
+    for _ in range(STEPS):
+        app.set_budget(rng.uniform(least, most))
+    for name, samples in (
+        ("slider: re-solve and views", slider),
+        ("slider: observer", walls),
+        ("set_budget: re-solve and views", app.timings),
+    ):
         ordered = sorted(samples)
         p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
         print(

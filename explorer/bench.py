@@ -467,8 +467,10 @@ def _layout_key(plan: Any) -> str:
     """What decides a plan's compiled program: its layouts, not its platform or predictions."""
     import json
 
-    pricing = {"source", "platform", "backend", "predicted", "segments", "ilp", "versions"}
-    return json.dumps({k: v for k, v in plan.document.items() if k not in pricing}, sort_keys=True)
+    from explorer.evaluation_store import PRICING_FIELDS
+
+    kept = {k: v for k, v in plan.document.items() if k not in PRICING_FIELDS}
+    return json.dumps(kept, sort_keys=True)
 
 
 def _strategy_mix(plan: Any) -> str:
@@ -934,12 +936,6 @@ def _update_readme(
     readme: Path, run: Run, tables: dict[str, pd.DataFrame], total_seconds: float
 ) -> None:
     """Rewrite the README's results section (between the markers) from this run's tables."""
-    text = readme.read_text()
-    if README_START not in text or README_END not in text:
-        raise ExplorerError(
-            f"{readme}: expected the markers {README_START!r} and {README_END!r} around the "
-            "results section; found none. Add them where the results should go."
-        )
     quality = tables["quality"]
     summary = quality_summary(quality) if not quality.empty else pd.DataFrame()
     lines = [
@@ -959,8 +955,20 @@ def _update_readme(
     if not tables["slider"].empty:
         lines += ["Slider step latency:", "", _markdown(tables["slider"])]
     lines.append(README_END)
-    before = text[: text.index(README_START)]
-    after = text[text.index(README_END) + len(README_END) :]
+    replace_section(readme, README_START, README_END, lines)
+
+
+def replace_section(readme: Path, start: str, end: str, lines: Sequence[str]) -> None:
+    """Replace the part of `readme` from marker `start` to marker `end` by `lines` (which
+    begin and end with the markers)."""
+    text = readme.read_text()
+    if start not in text or end not in text:
+        raise ExplorerError(
+            f"{readme}: expected the markers {start!r} and {end!r} around the results "
+            "section; found none. Add them where the results should go."
+        )
+    before = text[: text.index(start)]
+    after = text[text.index(end) + len(end) :]
     readme.write_text(before + "\n".join(lines) + after)
 
 

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from explorer import models
 from explorer.cluster.join import add_cluster_arguments
-from explorer.errors import ExplorerError
+from explorer.errors import ExplorerError, ProfilingCancelled
+from explorer.units import parse_bytes
+
+# The exit status of a run stopped by Ctrl-C, as shells report a process ended by SIGINT.
+INTERRUPTED = 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -26,7 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--cache", default="~/.cache/explorer/profiles.sqlite")
     plan.add_argument("--no-cache", action="store_true", help="keep no profiles on disk")
     plan.add_argument("--no-profile", action="store_true", help="stop after segmentation")
-    plan.add_argument("--budget", default=None, help="memory per device, e.g. 8GiB or 512MiB")
+    plan.add_argument(
+        "--budget", default=None, help="memory per device, e.g. 8GiB, 512MiB, 1.5GB or 64MB"
+    )
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
     profile = sub.add_parser(
         "profile",
@@ -72,6 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bench = sub.add_parser("bench", help="accuracy, plan quality, overhead, interactivity report")
     bench.add_argument("--quick", action="store_true", help="a subset that runs in minutes")
+    bench.add_argument(
+        "--paper",
+        action="store_true",
+        help="plan quality at the paper's scale (report under assets/bench/paper)",
+    )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
     bench.add_argument("--cache", default=None, help="profile cache (default: a cold one)")
     bench.add_argument(
@@ -90,6 +105,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "profile":
             return _profile(args, list(sys.argv[1:] if argv is None else argv))
         return _plan(args)
+    except ProfilingCancelled as err:
+        print(f"interrupted: {err}", file=sys.stderr)
+        return INTERRUPTED
+    except KeyboardInterrupt:
+        print(
+            "interrupted (nothing in flight was lost: profiles are committed as they finish)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
     except ExplorerError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -182,30 +206,39 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from explorer.baselines import BASELINES
+    from explorer.mesh import mesh_spec
     from explorer.pipeline import analyze
-    from explorer.plan import evaluate
+    from explorer.plan import evaluate, writable_path
+    from explorer.platforms import load_platform
 
+    # what can be checked without the model is checked before minutes of profiling
+    budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
+    out = writable_path(args.out, "--out") if args.out is not None else None
+    mesh = mesh_spec(args.mesh)
+    platform = load_platform(args.platform)
     model_fn, config = _zoo_config(args)
     measured = args.backend == "measured"
     step, example = model_fn(config, abstract=not measured)
     start = time.perf_counter()
-    analysis = analyze(
-        step,
-        *example,
-        mesh=args.mesh,
-        free_axes=args.free_axes,
-        platform=args.platform,
-        backend=args.backend,
-        cache=None if args.no_cache else args.cache,
-        profile=not args.no_profile,
-    )
+    cancel = threading.Event()
+    with _ctrl_c_cancels(cancel):
+        analysis = analyze(
+            step,
+            *example,
+            mesh=mesh,
+            free_axes=args.free_axes,
+            platform=platform,
+            backend=args.backend,
+            cache=None if args.no_cache else args.cache,
+            profile=not args.no_profile,
+            cancel=cancel,
+        )
     print(f"{args.model} {args.preset}: {config}")
     print(analysis.summary())
     if analysis.profile_table is None:
         print(f"analysis took {time.perf_counter() - start:.2f} s")
         return 0
     _print_best(analysis.profile_table)
-    budget = _bytes(args.budget) if args.budget else None
     chosen = analysis.plan(memory_budget=budget)
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
     print(f"chosen: {chosen.summary()}")
@@ -217,8 +250,8 @@ def _plan(args: argparse.Namespace) -> int:
             print(_row(name, plan, evaluate(plan, step, *example)))
         except ExplorerError as err:  # one failed baseline does not hide the others
             print(f"{name:10} failed: {err}")
-    if args.out:
-        print(f"wrote {chosen.save(args.out)}")
+    if out is not None:
+        print(f"wrote {chosen.save(out)}")
     print(f"analysis took {time.perf_counter() - start:.2f} s")
     return 0
 
@@ -227,13 +260,32 @@ def _bench(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    # the meshes go up to 8 devices; JAX reads this when it first touches a device
+    # the meshes go up to 8 devices (16 for the paper's two-node platform); JAX reads this
+    # when it first touches a device
     flags = os.environ.get("XLA_FLAGS", "")
+    if args.paper:
+        flags = " ".join(
+            f for f in flags.split() if "xla_force_host_platform_device_count" not in f
+        )
     if "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
+        devices = 16 if args.paper else 8
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={devices}".strip()
+        )
     from explorer.bench import README, REPORT_DIR, run_bench
 
     start = time.perf_counter()
+    if args.paper:
+        from explorer.bench_paper import PAPER_DIR, run_paper
+
+        report = run_paper(
+            quick=args.quick,
+            out=Path(args.out) if args.out else PAPER_DIR,
+            readme=None if args.out else README,
+            cache=Path(args.cache).expanduser() if args.cache else None,
+        )
+        print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
+        return 0
     report = run_bench(
         quick=args.quick,
         out=Path(args.out) if args.out else REPORT_DIR,
@@ -249,21 +301,32 @@ def _row(name: str, plan: Any, truth: Any) -> str:
     return f"{name:10} {1e3 * plan.time:12.4f} {1e3 * truth.time:12.4f} {plan.memory / 2**30:10.3f}"
 
 
-def _bytes(text: str) -> float:
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "b": 1}
-    lowered = text.strip().lower()
-    for unit, scale in units.items():
-        if lowered.endswith(unit):
-            try:
-                return float(lowered[: -len(unit)]) * scale
-            except ValueError:
-                break
+@contextlib.contextmanager
+def _ctrl_c_cancels(cancel: threading.Event) -> Iterator[None]:
+    """Within the block, Ctrl-C sets `cancel`: profiling starts no other program, keeps what
+    finished in the cache and raises `ProfilingCancelled` (`main` exits 130 with one line).
+    A second Ctrl-C quits at once: every finished profile is already committed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may take signals; an embedding caller keeps its own
+        return
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if cancel.is_set():
+            print("interrupted again: quitting now", file=sys.stderr, flush=True)
+            os._exit(INTERRUPTED)  # the programs in flight are all that is dropped
+        cancel.set()
+        print(
+            "\ninterrupting: finishing the programs compiling now, starting no other "
+            "(Ctrl-C again to quit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
     try:
-        return float(lowered)
-    except ValueError:
-        raise ExplorerError(
-            f"--budget: expected bytes such as 8GiB, 512MiB or 1e9, found {text!r}"
-        ) from None
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _print_best(table: Any) -> None:

@@ -29,12 +29,47 @@ class ArgumentMismatchError(TraceError):
     """The example arguments do not match what the step expects."""
 
 
-class MeshError(ExplorerError):
+class InputError(ExplorerError):
+    """An input handed to a public entry point (Python API, command line, a file) is not what
+    it should be; raised where it enters, before any expensive work. The message names the
+    field, what was expected and what was found."""
+
+
+class MeshError(InputError):
     """A mesh shape or axis specification is invalid."""
+
+
+class MeshFitError(MeshError):
+    """The mesh divides no dim that any block could split: every plan on it is replicated."""
+
+
+class BytesError(InputError):
+    """An amount of bytes (a memory budget) is not a finite, non-negative number of bytes."""
+
+
+class BackendError(InputError):
+    """An unknown profiling backend was named."""
+
+
+class PlatformError(InputError):
+    """A platform file or platform query is invalid."""
+
+
+class PlanError(InputError):
+    """A plan file is malformed, of another version, or for another model or mesh."""
+
+
+class CacheError(ExplorerError):
+    """The profile cache was misused (closed, or given an invalid record)."""
 
 
 class AnalysisError(ExplorerError):
     """An analysis stage was asked for something it cannot give."""
+
+
+class PinError(InputError, AnalysisError):
+    """A pin names no block or segment type, or a strategy its block does not have (an
+    `AnalysisError` too, as pins were reported before they were checked at the door)."""
 
 
 class ProfilingCancelled(ExplorerError):
@@ -51,6 +86,15 @@ class ProfilingCancelled(ExplorerError):
 
 class ProfilingBudgetError(AnalysisError):
     """A segment's configuration space is larger than the profiling budget."""
+
+
+class MeshFitWarning(UserWarning):
+    """Some blocks can split over no axis of the mesh and stay replicated on every device."""
+
+
+class CacheWarning(UserWarning):
+    """The cache file could not be used as it was (moved aside and rebuilt, not writable, or
+    a row that does not read back); the run goes on."""
 
 
 UNSUPPORTED_PRIMITIVE = (

@@ -25,7 +25,8 @@ that runs is, collective for collective, the program whose pieces were priced. `
 records which blocks decided each value's layout: a segment reading a value decided by a block
 of another segment costs what that block's strategy makes it cost (tied embeddings), which the
 profiler keys on. Ops whose dependencies the affine analysis does not know are `unplaced`:
-their results stay replicated, and they are listed, never hidden.
+their results stay replicated, and they are listed, never hidden. `layout_assignment` turns
+per-value layouts made elsewhere (a per-op plan, the Alpa ILP's) into a ShardingAssignment.
 """
 
 from __future__ import annotations
@@ -508,3 +509,40 @@ def configuration_name(
             for b, c in zip(depends, context, strict=True)
         )
     return name
+
+
+# -- per-value layouts -> a sharding assignment ------------------------------------------------
+
+
+def replicated(rank: int) -> DimAxes:
+    return ((),) * rank
+
+
+def layout_assignment(
+    graph: Graph,
+    mesh: MeshSpec,
+    values: Mapping[int, DimAxes],
+    operands: Mapping[tuple[int, int], DimAxes] | None = None,
+) -> ShardingAssignment:
+    """A ShardingAssignment from per-value layouts (step inputs included).
+
+    A step result that updates an input is stored in that input's layout (so the next step
+    reads it as this one did); any other result leaves replicated.
+    """
+    inputs = tuple(values.get(v, replicated(graph.values[v].type.rank)) for v in graph.inputs)
+    by_suffix = {
+        (path_suffix(graph.values[v].path), graph.values[v].type.shape): dims
+        for v, dims in zip(graph.inputs, inputs, strict=True)
+    }
+    paths = graph.output_paths or ("",) * len(graph.outputs)
+    outputs = tuple(
+        by_suffix.get(
+            (path_suffix(path), graph.values[v].type.shape),
+            replicated(graph.values[v].type.rank),
+        )
+        for v, path in zip(graph.outputs, paths, strict=True)
+    )
+    input_ids = set(graph.inputs)
+    internal = tuple(sorted((v, d) for v, d in values.items() if v not in input_ids))
+    wanted = tuple(sorted((o, p, d) for (o, p), d in (operands or {}).items()))
+    return ShardingAssignment(mesh.axes, inputs, outputs, internal, wanted)

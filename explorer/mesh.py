@@ -1,16 +1,19 @@
 """Mesh shapes, axis names and PartitionSpec helpers.
 
 A mesh is given by the user as a shape tuple (`(4,)`, `(2, 4)`: default axis names `x`, `y`,
-`z`, outermost first) or as a dict of axis name to size. `MeshSpec` is the normalised form
-every stage receives; a `jax.sharding.Mesh` is made from it only where devices are needed.
+`z`, outermost first) or as a dict of axis name to size: `MeshLike` names every accepted form.
+`MeshSpec` is the normalised form every stage receives; a `jax.sharding.Mesh` is made from it
+only where devices are needed. Axis names are ASCII identifiers: XLA aborts the whole process
+on some other names, so they are refused here, where they enter.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import jax
 import numpy as np
@@ -20,6 +23,10 @@ from explorer.errors import MeshError
 from explorer.ir import DimAxes
 
 DEFAULT_AXIS_NAMES = ("x", "y", "z", "w")
+ACCEPTED = (
+    "a shape such as 4, (2, 4) or '2x4' (axes named x, y, z, w), a dict of axis name to size "
+    "such as {'data': 2, 'model': 4}, or a jax.sharding.Mesh"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +35,16 @@ class MeshSpec:
 
     def __post_init__(self) -> None:
         if not self.axes:
-            raise MeshError("expected a mesh with at least one axis, found none")
+            raise MeshError("mesh: expected at least one axis, found none")
         names = [name for name, _ in self.axes]
+        for name in names:
+            if not (isinstance(name, str) and name.isascii() and name.isidentifier()):
+                raise MeshError(
+                    "mesh axis name: expected an ASCII identifier such as 'data' or 'model' "
+                    f"(letters, digits and _, not starting with a digit), found {name!r}"
+                )
         if len(set(names)) != len(names):
-            raise MeshError(f"mesh axis names must be distinct, found {names}")
+            raise MeshError(f"mesh axis names: expected distinct names, found {names}")
         for name, size in self.axes:
             if not isinstance(size, int) or isinstance(size, bool) or size < 1:
                 raise MeshError(f"mesh axis {name!r}: expected a positive int size, found {size!r}")
@@ -58,31 +71,57 @@ class MeshSpec:
         return "x".join(str(s) for s in self.shape) + f" ({', '.join(self.names)})"
 
 
-def mesh_spec(mesh: Any) -> MeshSpec:
+# What users may pass as a mesh: `4`, `"2x4"`, `(2, 4)`, `{"data": 2, "model": 4}`, a
+# `jax.sharding.Mesh` or a `MeshSpec` (see `ACCEPTED`).
+MeshLike: TypeAlias = int | str | Sequence[int] | Mapping[str, int] | Mesh | MeshSpec
+
+
+def mesh_spec(mesh: MeshLike) -> MeshSpec:
     """Normalise a user mesh: `(4,)`, `(2, 4)`, `4`, `"2x4"`, `{"data": 2, "model": 4}`."""
     if isinstance(mesh, MeshSpec):
         return mesh
     if isinstance(mesh, Mesh):
         return MeshSpec(tuple((str(n), int(s)) for n, s in mesh.shape.items()))
+    shape: Any = mesh
     if isinstance(mesh, str):
         try:
-            mesh = tuple(int(part) for part in mesh.lower().split("x"))
+            shape = tuple(int(part) for part in mesh.lower().split("x"))
         except ValueError:
-            raise MeshError(f"expected a mesh like '4' or '2x4', found {mesh!r}") from None
-    if isinstance(mesh, int) and not isinstance(mesh, bool):
-        mesh = (mesh,)
-    if isinstance(mesh, Mapping):
-        return MeshSpec(tuple((str(k), v) for k, v in mesh.items()))
-    if isinstance(mesh, (tuple, list)):
-        if len(mesh) > len(DEFAULT_AXIS_NAMES):
+            raise MeshError(f"mesh: expected {ACCEPTED}, found {mesh!r}") from None
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    if isinstance(shape, Mapping):
+        return MeshSpec(tuple((k, _size(v, k)) for k, v in shape.items()))
+    if isinstance(shape, (tuple, list)):
+        if len(shape) > len(DEFAULT_AXIS_NAMES):
             raise MeshError(
-                f"expected at most {len(DEFAULT_AXIS_NAMES)} mesh axes, found {len(mesh)}"
+                f"mesh: expected at most {len(DEFAULT_AXIS_NAMES)} axes (or a dict naming "
+                f"them), found {len(shape)} in {mesh!r}"
             )
-        return MeshSpec(tuple(zip(DEFAULT_AXIS_NAMES, mesh, strict=False)))
-    raise MeshError(
-        f"expected a mesh shape tuple such as (2, 4) or a dict of axis name to size, "
-        f"found {type(mesh).__name__} {mesh!r}"
-    )
+        names = DEFAULT_AXIS_NAMES[: len(shape)]
+        return MeshSpec(tuple((n, _size(v, n)) for n, v in zip(names, shape, strict=True)))
+    raise MeshError(f"mesh: expected {ACCEPTED}, found {type(mesh).__name__} {mesh!r}")
+
+
+def _size(value: Any, axis: object) -> Any:
+    """An axis size as a Python int where it is an integer (numpy's included); anything else
+    is passed on for `MeshSpec` to refuse, naming the axis."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
+
+
+def require_devices(spec: MeshSpec) -> None:
+    """A `MeshError` unless JAX sees at least the mesh's devices (checked before tracing,
+    so a run that could never place its programs stops at once)."""
+    found = jax.device_count()
+    if found < spec.size:
+        raise MeshError(
+            f"mesh {spec}: expected at most the {found} devices JAX sees "
+            f"({jax.default_backend()}), found a mesh of {spec.size}. On CPU, set XLA_FLAGS="
+            f"--xla_force_host_platform_device_count={spec.size} before importing JAX, or join "
+            "more processes with jax.distributed; or use a smaller mesh."
+        )
 
 
 def make_mesh(spec: MeshSpec, devices: Sequence[Any] | None = None) -> Mesh:

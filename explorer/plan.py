@@ -23,8 +23,10 @@ from typing import Any
 
 import jax
 
+from explorer import _jax_compat as jc
 from explorer.blocks import build_blocks
-from explorer.errors import ExplorerError
+from explorer.errors import MeshError, PlanError
+from explorer.evaluation_store import active_store, layout_digest
 from explorer.ir import (
     BlockAnalysis,
     Config,
@@ -36,6 +38,7 @@ from explorer.ir import (
     TensorType,
     ValueKind,
 )
+from explorer.jsonfile import read_json_file
 from explorer.layouts import place
 from explorer.mesh import MeshSpec, make_mesh, spec_to_json
 from explorer.realize import realize
@@ -45,10 +48,10 @@ from explorer.trace import trace
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "assets" / "plan.schema.json"
-
-
-class PlanError(ExplorerError):
-    """A plan file is malformed, of another version, or for another model or mesh."""
+# Bounds on a plan file, far above what the explorer writes (a per-op plan of a 48-layer
+# model is a few MiB, nested 6 levels): a file past them is not a plan.
+MAX_PLAN_BYTES = 64 * 2**20
+MAX_PLAN_DEPTH = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +84,15 @@ class Plan:
         return tuple(b["strategy"] for b in self.document["blocks"])
 
     def save(self, path: str | Path) -> Path:
+        target = writable_path(path)
         _validate(self.document, "<plan to save>")
-        target = Path(path).expanduser()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(self.document, indent=1, sort_keys=True) + "\n")
+        text = json.dumps(self.document, indent=1, sort_keys=True) + "\n"
+        try:
+            target.write_text(text)
+        except OSError as err:  # the disk filled, or the file was locked since the check
+            raise PlanError(
+                f"plan file {target}: cannot be written ({err.strerror or err})"
+            ) from None
         return target
 
     def to_json(self) -> str:
@@ -97,6 +105,34 @@ class Plan:
             f"{self.document['backend']}): {1e3 * self.time:.3f} ms/step, "
             f"{self.memory / 2**30:.3f} GiB/device"
         )
+
+
+def writable_path(path: str | Path, field: str = "path") -> Path:
+    """`path` checked as a place to write a plan file, before anything is computed for it:
+    not a directory, its folder made if missing, and the file opened for writing (a file made
+    by the check alone is removed again). A `PlanError` naming `field` otherwise."""
+    if not isinstance(path, (str, Path)) or not str(path).strip():
+        raise PlanError(f"{field}: expected the path of a JSON file to write, found {path!r}")
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise PlanError(
+            f"{field}: expected the path of a file to write the plan to, found the directory "
+            f"{target}; give a file name such as {target / 'plan.json'}"
+        )
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with target.open("a"):
+            pass
+    except OSError as err:
+        raise PlanError(
+            f"{field}: expected a path where a plan file can be written, found {target}, "
+            f"where it cannot ({err.strerror or err}); choose a path in a folder you can "
+            "write to"
+        ) from None
+    if not existed:
+        target.unlink(missing_ok=True)
+    return target
 
 
 def model_fingerprint(graph: Graph) -> str:
@@ -130,7 +166,10 @@ def make_plan(
     for block, choice in zip(blocks.blocks, config.choices, strict=True):
         head = graph.ops[block.head]
         owned = {
-            str(layout.value): spec_to_json(values.get(layout.value) or inputs[layout.value])
+            # membership, not truth: a rank-0 value's layout is `()`, falsy but present
+            str(layout.value): spec_to_json(
+                values[layout.value] if layout.value in values else inputs[layout.value]
+            )
             for layout in block.layouts
             if layout.value in values or layout.value in inputs
         }
@@ -292,26 +331,59 @@ def _finish(
 
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file. Loading parses JSON only: it never executes code."""
-    where = str(path)
-    try:
-        document = json.loads(Path(path).expanduser().read_text())
-    except FileNotFoundError:
-        raise PlanError(f"{where}: no such plan file") from None
-    except json.JSONDecodeError as err:
-        raise PlanError(
-            f"{where}: expected JSON, found a syntax error at line {err.lineno} column "
-            f"{err.colno}: {err.msg}"
-        ) from None
+    if not isinstance(path, (str, Path)):
+        raise PlanError(f"load_plan: expected a file path, found {type(path).__name__} {path!r}")
+    where = f"plan file {Path(path).expanduser()}"
+    document = read_json_file(
+        path, what="plan file", error=PlanError, max_bytes=MAX_PLAN_BYTES, max_depth=MAX_PLAN_DEPTH
+    )
     if not isinstance(document, dict):
         raise PlanError(f"{where}: expected a JSON object, found {type(document).__name__}")
     version = document.get("schema_version")
     if version != SCHEMA_VERSION:
         raise PlanError(
-            f"{where}: field 'schema_version' is {version!r}; this explorer reads version "
-            f"{SCHEMA_VERSION}. Re-export the plan with this version."
+            f"{where}: field 'schema_version' is {version!r}: expected {SCHEMA_VERSION}, the "
+            f"version this explorer reads, found a plan of version {version!r}. Re-export the "
+            "plan with this version."
         )
     _validate(document, where)
+    _check_consistent(document, where)
     return Plan(document)
+
+
+def _check_consistent(document: dict[str, Any], where: str) -> None:
+    """What the schema cannot say: the mesh is one (as many names as sizes, ASCII identifier
+    names), `device_count` is its size, and every layout names only its axes."""
+    mesh = document["mesh"]
+    axes, shape = mesh["axes"], mesh["shape"]
+    if len(axes) != len(shape):
+        raise PlanError(
+            f"{where}: field 'mesh': expected as many axis names as sizes, found axes {axes} "
+            f"and shape {shape}"
+        )
+    try:
+        spec = MeshSpec(tuple(zip(axes, shape, strict=True)))
+    except MeshError as err:
+        raise PlanError(f"{where}: field 'mesh': {err}") from None
+    if document["device_count"] != spec.size:
+        raise PlanError(
+            f"{where}: field 'device_count': expected {spec.size}, the size of mesh {spec}, "
+            f"found {document['device_count']}; the file was edited or damaged, re-export "
+            "the plan"
+        )
+    layouts = [(f"parameters.{k}", v) for k, v in document["parameters"].items()]
+    for block in document["blocks"]:
+        layouts += [(f"blocks.{block['index']}.values.{k}", v) for k, v in block["values"].items()]
+    for section in ("values", "operands"):
+        layouts += [(f"{section}.{k}", v) for k, v in document.get(section, {}).items()]
+    for field, spec_json in layouts:
+        for axes_of_dim in spec_json:
+            for name in axes_of_dim or ():
+                if name not in spec.names:
+                    raise PlanError(
+                        f"{where}: field '{field}': expected axes of the plan's mesh {spec} "
+                        f"({list(spec.names)}), found mesh axis {name!r}"
+                    )
 
 
 @functools.cache
@@ -325,8 +397,18 @@ def _validate(document: dict[str, Any], where: str) -> None:
     errors = sorted(_validator().iter_errors(document), key=lambda e: list(e.path))
     if errors:
         first = errors[0]
-        field = ".".join(str(p) for p in first.path) or "<top level>"
-        raise PlanError(f"{where}: field '{field}': {first.message}")
+        path = [str(p) for p in first.path]
+        if first.validator == "required":  # name the missing field, not its parent
+            missing = [f for f in first.validator_value if f not in first.instance]
+            field = ".".join([*path, missing[0]])
+            raise PlanError(f"{where}: field '{field}': expected it, found it missing")
+        field = ".".join(path) or "<top level>"
+        found = json.dumps(first.instance)
+        found = found if len(found) <= 80 else f"{found[:77]}..."
+        raise PlanError(
+            f"{where}: field '{field}': expected {first.validator} {first.validator_value!r}, "
+            f"found {found} ({first.message})"
+        )
 
 
 # -- applying a plan ----------------------------------------------------------------------------
@@ -414,7 +496,7 @@ def _check_loops_uniform(
 
 def _layout_assignment(plan: Plan, graph: Graph) -> ShardingAssignment:
     """The assignment of a per-op plan, each layout checked against the traced step."""
-    from explorer.alpa import layout_assignment
+    from explorer.layouts import layout_assignment
 
     mesh = plan.mesh
     values: dict[int, DimAxes] = {}
@@ -497,6 +579,7 @@ def apply_plan(plan: Plan, step: Callable[..., Any], *, donate: bool = True) -> 
     plan must give every iteration the same strategies (PlanError otherwise); a per-op plan
     applies its first iteration's layouts to all.
     """
+    _check_plan_and_step(plan, step, "apply_plan")
     realised: dict[Any, Any] = {}
 
     def sharded_step(*args: Any) -> Any:
@@ -522,6 +605,25 @@ def apply_plan(plan: Plan, step: Callable[..., Any], *, donate: bool = True) -> 
     return sharded_step
 
 
+def _check_plan_and_step(plan: Any, step: Any, caller: str) -> None:
+    """The arguments of `apply_plan` and `evaluate`, checked before anything is traced."""
+    if not isinstance(plan, Plan):
+        hint = (
+            " (a plan file: load it first with explorer.load_plan)"
+            if isinstance(plan, (str, Path))
+            else ""
+        )
+        raise PlanError(
+            f"{caller}: argument 'plan': expected a Plan from Analysis.plan, Analysis.baseline "
+            f"or load_plan, found {type(plan).__name__}{hint}"
+        )
+    if not callable(step):
+        raise PlanError(
+            f"{caller}: argument 'step': expected the training step function the plan was made "
+            f"for, found {type(step).__name__} {step!r}"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Evaluation:
     """The whole step compiled under a plan and priced on the plan's platform."""
@@ -537,6 +639,7 @@ class Evaluation:
 
 def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
     """Ground truth for a plan: compile the whole step and price it with the same backend."""
+    _check_plan_and_step(plan, step, "evaluate")
     platform = plan.document["platform"]
     return evaluate_on(plan, [platform], step, *args)[platform]
 
@@ -564,7 +667,9 @@ def lower_step(plan: Plan, step: Callable[..., Any], args: tuple[Any, ...]) -> L
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
     )
     leaves = tuple(jax.tree_util.tree_leaves(abstract))
-    return LoweredStep(graph, assignment, realised, leaves, realised.flat_fn.lower(*leaves))
+    with jc.random_bits_as_accelerators_lower():  # as the platform priced lowers them
+        lowered = realised.flat_fn.lower(*leaves)
+    return LoweredStep(graph, assignment, realised, leaves, lowered)
 
 
 def evaluate_on(
@@ -589,9 +694,12 @@ def evaluate_on(
         price_compiled,
     )
 
+    kind = Backend(backend)
+    kept = _kept_evaluations(plan, platforms) if kind is Backend.COMPILED else None
+    if kept is not None:  # every platform's evaluation of this program is in the store
+        return kept
     step_under = lower_step(plan, step, args)
     realised, leaves, lowered = step_under.realised, step_under.leaves, step_under.lowered
-    kind = Backend(backend)
     price: Callable[[Any], ProgramProfile]
     if kind is Backend.MEASURED:
         executable = compile_program(lowered, kind)
@@ -617,4 +725,36 @@ def evaluate_on(
                 (c.kind.value, c.nbytes, c.axes, c.group_size) for c in priced.collectives
             ),
         )
+    store = active_store()
+    if store is not None and kind is Backend.COMPILED:
+        for name, evaluation in out.items():
+            store.put(_program_digest(plan), str(name), evaluation)
     return out
+
+
+def _program_digest(plan: Plan) -> str:
+    """What decides the compiled step: the plan's layouts, how programs are built, JAX."""
+    from explorer.profile.runner import PROGRAM_VERSION
+
+    return f"{layout_digest(plan.document)}:{PROGRAM_VERSION}:jax-{jax.__version__}"
+
+
+def _kept_evaluations(plan: Plan, platforms: Sequence[str]) -> dict[str, Evaluation] | None:
+    """The store's evaluations of `plan` on every one of `platforms`, or None (compile)."""
+    store = active_store()
+    if store is None:
+        return None
+    found = {}
+    for name in platforms:
+        fields = store.get(_program_digest(plan), str(name))
+        if fields is None:
+            return None
+        try:
+            fields["emitted"] = tuple(
+                (kind, int(nbytes), tuple(axes), int(group))
+                for kind, nbytes, axes, group in fields["emitted"]
+            )
+            found[name] = Evaluation(**fields)
+        except (KeyError, TypeError, ValueError):  # a row of another shape: compile again
+            return None
+    return found

@@ -29,16 +29,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
-from explorer.errors import ExplorerError
+from explorer.errors import ExplorerError, PlatformError
+from explorer.jsonfile import read_json_file
 from explorer.mesh import MeshSpec, mesh_spec
 from explorer.profile.compute import DOT_DTYPES
 from explorer.profile.hlo import Collective, CollectiveKind
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "assets" / "platforms"
+# Bounds on a platform file, far above any real one (a preset is ~3 KiB, nested 4 levels).
+MAX_PLATFORM_BYTES = 2**20
+MAX_PLATFORM_DEPTH = 8
 SCHEMA_HINT = "see assets/platforms/a100-pcie-4.json for a complete example"
 KINDS = tuple(CollectiveKind)
 PEAKS_FIELD = "device.peak_flops_by_dtype"
@@ -48,10 +52,6 @@ _DTYPE_ALIASES = {
     "fp16": "f16", "float16": "f16", "half": "f16", "fp8": "f8e4m3fn", "int8": "s8",
     "uint8": "u8", "int32": "s32",
 }  # fmt: skip
-
-
-class PlatformError(ExplorerError):
-    """A platform file or platform query is invalid."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +397,10 @@ class Platform:
         }
 
 
+# What users may pass as a platform: a `Platform`, a preset name or a platform file's path.
+PlatformLike: TypeAlias = Platform | str | Path
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading and validation
 
@@ -417,44 +421,48 @@ class _Reader:
         """`value` as an object with all of `fields` and any of `optional`, nothing else."""
         if not isinstance(value, Mapping):
             raise self.error(
-                f"field '{path}' must be an object with fields {list(fields)}, "
+                f"field '{path}': expected an object with fields {list(fields)}, "
                 f"found {type(value).__name__} {value!r}"
             )
         unknown = [k for k in value if k not in fields and k not in optional]
         if unknown:
             prefix = f"{path}." if path else ""
             raise self.error(
-                f"unknown field '{prefix}{unknown[0]}'; expected only "
-                f"{[*fields, *optional]} ({SCHEMA_HINT})"
+                f"unknown field '{prefix}{unknown[0]}': expected only the fields "
+                f"{[*fields, *optional]}, found {unknown} ({SCHEMA_HINT})"
             )
         for name in fields:
             if name not in value:
                 prefix = f"{path}." if path else ""
-                raise self.error(f"missing field '{prefix}{name}'; add it ({SCHEMA_HINT})")
+                raise self.error(
+                    f"missing field '{prefix}{name}': expected it, found none; add it "
+                    f"({SCHEMA_HINT})"
+                )
         return value
 
     def string(self, value: Any, path: str) -> str:
         if not isinstance(value, str) or not value:
-            raise self.error(f"field '{path}' must be a non-empty string, found {value!r}")
+            raise self.error(f"field '{path}': expected a non-empty string, found {value!r}")
         return value
 
     def number(self, value: Any, path: str, *, positive: bool, unit: str) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(
-                f"field '{path}' must be a number ({unit}), found {type(value).__name__} {value!r}"
+                f"field '{path}': expected a number ({unit}), found {type(value).__name__} "
+                f"{value!r}"
             )
         number = float(value)
         if not math.isfinite(number) or number < 0 or (positive and number == 0):
             bound = "> 0" if positive else ">= 0"
             raise self.error(
-                f"field '{path}' must be {bound} ({unit}), found {value!r}; give a measured "
-                "or datasheet figure"
+                f"field '{path}': expected a number {bound} ({unit}), found {value!r}; give a "
+                "measured or datasheet figure"
             )
         return number
 
     def integer(self, value: Any, path: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.error(f"field '{path}' must be a positive integer, found {value!r}")
+            raise self.error(f"field '{path}': expected a positive integer, found {value!r}")
         return value
 
     def level(self, value: Any, path: str) -> LinkLevel:
@@ -462,22 +470,23 @@ class _Reader:
         per_kind = raw["per_kind"]
         if not isinstance(per_kind, Mapping):
             raise self.error(
-                f"field '{path}.per_kind' must be an object keyed by collective kind, found "
+                f"field '{path}.per_kind': expected an object keyed by collective kind, found "
                 f"{type(per_kind).__name__}"
             )
         known = [k.value for k in KINDS]
         for key in per_kind:
             if key not in known:
                 raise self.error(
-                    f"unknown collective kind '{path}.per_kind.{key}'; expected one of {known}"
+                    f"unknown collective kind '{path}.per_kind.{key}': expected one of {known}, "
+                    f"found {key!r}"
                 )
         models = {}
         for kind in KINDS:
             entry_path = f"{path}.per_kind.{kind.value}"
             if kind.value not in per_kind:
                 raise self.error(
-                    f"missing field '{entry_path}'; every level needs a model for each of "
-                    f"{known} ({SCHEMA_HINT})"
+                    f"missing field '{entry_path}': expected a model for each of {known}, "
+                    f"found none for {kind.value!r} ({SCHEMA_HINT})"
                 )
             entry = self.obj(per_kind[kind.value], entry_path, ("latency_s", "bandwidth_Bps"))
             models[kind] = LinkModel(
@@ -513,14 +522,14 @@ class _Reader:
         per_node = self.integer(top["devices_per_node"], "devices_per_node")
         if devices % per_node:
             raise self.error(
-                f"field 'devices' ({devices}) must be a multiple of 'devices_per_node' "
-                f"({per_node}); describe whole nodes"
+                f"field 'devices': expected a multiple of 'devices_per_node' ({per_node}), "
+                f"found {devices}; describe whole nodes"
             )
         inter = None if top["inter"] is None else self.level(top["inter"], "inter")
         if devices > per_node and inter is None:
             raise self.error(
-                f"field 'inter' is null, but {devices} devices at {per_node} per node span "
-                f"{devices // per_node} nodes; give the network between nodes"
+                f"field 'inter': expected the network between the {devices // per_node} nodes "
+                f"that {devices} devices at {per_node} per node span, found null"
             )
         sources = top["sources"]
         if (
@@ -529,8 +538,8 @@ class _Reader:
             or not all(isinstance(s, str) and s for s in sources)
         ):
             raise self.error(
-                f"field 'sources' must be a non-empty list of strings saying where the figures "
-                f"come from, found {sources!r}"
+                f"field 'sources': expected a non-empty list of strings saying where the "
+                f"figures come from, found {sources!r}"
             )
         return Platform(
             name=self.string(top["name"], "name"),
@@ -557,8 +566,8 @@ class _Reader:
         given = [k for k in legacy if k in dev]
         if "peak_flops_by_dtype" in dev and given:
             raise self.error(
-                f"field '{PEAKS_FIELD}' and the older {given} both give peaks; keep only "
-                f"'{PEAKS_FIELD}' ({SCHEMA_HINT})"
+                f"field '{PEAKS_FIELD}' and the older {given} both give peaks: expected one, "
+                f"found both; keep only '{PEAKS_FIELD}' ({SCHEMA_HINT})"
             )
         if "peak_flops_by_dtype" in dev:
             peaks = self.peaks(dev["peak_flops_by_dtype"])
@@ -566,8 +575,8 @@ class _Reader:
             for name in legacy:
                 if name not in dev:
                     raise self.error(
-                        f"missing field 'device.{name}' (the older form of '{PEAKS_FIELD}' "
-                        f"needs both {list(legacy)}); better, replace both by "
+                        f"missing field 'device.{name}': the older form of '{PEAKS_FIELD}' "
+                        f"expected both {list(legacy)}, found {given}; better, replace both by "
                         f"'{PEAKS_FIELD}' ({SCHEMA_HINT})"
                     )
             tensor = self.number(
@@ -579,8 +588,9 @@ class _Reader:
             peaks = {"f32": fp32, "bf16": tensor, "f16": tensor}
         else:
             raise self.error(
-                f"missing field '{PEAKS_FIELD}'; add the device's dense FLOP/s per dtype, "
-                f'e.g. {{"f32": 19.5e12, "tf32": 156e12, "bf16": 312e12}} ({SCHEMA_HINT})'
+                f"missing field '{PEAKS_FIELD}': expected the device's dense FLOP/s per dtype, "
+                f'e.g. {{"f32": 19.5e12, "tf32": 156e12, "bf16": 312e12}}, found none '
+                f"({SCHEMA_HINT})"
             )
         return DeviceModel.of(
             name=self.string(dev["name"], "device.name"),
@@ -597,19 +607,20 @@ class _Reader:
     def peaks(self, value: Any) -> dict[str, float]:
         if not isinstance(value, Mapping) or not value:
             raise self.error(
-                f"field '{PEAKS_FIELD}' must be a non-empty object of dtype -> dense FLOP/s, "
+                f"field '{PEAKS_FIELD}': expected a non-empty object of dtype -> dense FLOP/s, "
                 f'e.g. {{"f32": 19.5e12, "bf16": 312e12}}, found {type(value).__name__} '
                 f"{value!r}"
             )
         for dtype in value:
             if dtype not in DOT_DTYPES:
                 raise self.error(
-                    f"unknown dtype '{PEAKS_FIELD}.{dtype}'; {_unknown_dtype_hint(str(dtype))}"
+                    f"unknown dtype '{PEAKS_FIELD}.{dtype}': {_unknown_dtype_hint(str(dtype))}, "
+                    f"found {dtype!r}"
                 )
         if "f32" not in value:
             raise self.error(
-                f"missing field '{PEAKS_FIELD}.f32'; every device needs its f32 FLOP/s, the "
-                f"rate of elementwise work (found {list(value)})"
+                f"missing field '{PEAKS_FIELD}.f32': expected the device's f32 FLOP/s, the "
+                f"rate of elementwise work, found only {list(value)}"
             )
         return {
             dtype: self.number(
@@ -637,6 +648,11 @@ def list_platforms() -> list[str]:
 
 def load_platform(name_or_path: str | Path) -> Platform:
     """A preset by name (`"a100-pcie-4"`) or a platform JSON file by path."""
+    if not isinstance(name_or_path, (str, Path)) or not str(name_or_path).strip():
+        raise PlatformError(
+            f"platform: expected a Platform, a preset name ({list_platforms()}) or the path of "
+            f"a platform JSON file, found {type(name_or_path).__name__} {name_or_path!r}"
+        )
     path = Path(name_or_path)
     looks_like_path = (
         isinstance(name_or_path, Path) or path.suffix == ".json" or os.sep in str(name_or_path)
@@ -645,21 +661,22 @@ def load_platform(name_or_path: str | Path) -> Platform:
         path = PRESET_DIR / f"{name_or_path}.json"
         if not path.is_file():
             raise PlatformError(
-                f"no platform preset named {str(name_or_path)!r}; expected one of "
-                f"{list_platforms()} or a path to a platform JSON file"
+                f"platform: expected a preset name (one of {list_platforms()}) or the path of "
+                f"a platform JSON file, found {str(name_or_path)!r}, which is neither"
             )
-    if not path.is_file():
+    if not path.expanduser().exists():
         raise PlatformError(
-            f"platform file {path} does not exist; give a preset name ({list_platforms()}) or "
-            "the path of a JSON file written by save_platform or `explorer calibrate`"
+            f"platform file {path}: expected an existing file, found no such file; give a "
+            f"preset name ({list_platforms()}) or the path of a JSON file written by "
+            "save_platform or `explorer calibrate`"
         )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise PlatformError(
-            f"platform file {path}: not valid JSON at line {err.lineno} column {err.colno} "
-            f"({err.msg})"
-        ) from None
+    data = read_json_file(
+        path,
+        what="platform file",
+        error=PlatformError,
+        max_bytes=MAX_PLATFORM_BYTES,
+        max_depth=MAX_PLATFORM_DEPTH,
+    )
     return platform_from_json(data, str(path))
 
 

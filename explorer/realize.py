@@ -44,7 +44,8 @@ class RealizedStep:
         return self.flat_fn(*self._leaves(args))
 
     def lower(self, *args: Any) -> Any:
-        return self.flat_fn.lower(*self._leaves(args))
+        with jc.random_bits_as_accelerators_lower():
+            return self.flat_fn.lower(*self._leaves(args))
 
     def _leaves(self, args: tuple[Any, ...]) -> list[Any]:
         leaves, tree = jax.tree_util.tree_flatten(args)
@@ -159,7 +160,8 @@ class StandaloneProgram:
     output_values: tuple[int, ...]
 
     def lower(self) -> Any:
-        return self.fn.lower(*self.inputs)
+        with jc.random_bits_as_accelerators_lower():
+            return self.fn.lower(*self.inputs)
 
 
 def segment_program(

@@ -23,12 +23,12 @@ from explorer.alpa import (
     all_reduce_cost,
     all_to_all_cost,
     comm_model,
-    layout_assignment,
     reduce_scatter_cost,
     solve_alpa,
     symbolic_config_costs,
 )
 from explorer.ir import TensorType
+from explorer.layouts import layout_assignment
 from explorer.mesh import make_mesh, mesh_spec
 from explorer.plan import PlanError
 from explorer.platforms import load_platform

@@ -21,6 +21,9 @@ from explorer.bench import (
     quick_settings,
     write_report,
 )
+from explorer.bench_paper import BASELINES, PaperCase, paper_cases, run_paper
+from explorer.bench_paper import README_END as PAPER_END
+from explorer.bench_paper import README_START as PAPER_START
 from explorer.errors import ExplorerError
 
 
@@ -75,3 +78,62 @@ def test_quality_summary_gives_ratios_over_the_cfp_plan_and_flags_oom() -> None:
     assert summary["megatron"] == "failed"
     assert geomean([2.0, 0.5]) == pytest.approx(1.0)
     assert math.isnan(geomean([]))
+
+
+@pytest.mark.slow
+def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path) -> None:
+    """`bench --paper --quick` end to end, twice: cold, then warm from the same caches."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{PAPER_START}\nold\n{PAPER_END}\n\ntail\n")
+    cache = tmp_path / "paper.sqlite"
+    cases = paper_cases(quick=True)
+    assert {c.model for c in cases} == {"gpt", "llama", "moe", "bert"}  # one per family
+    assert {(c.platform, c.mesh) for c in cases} == {("a100-pcie-8", (8,))}  # one platform
+    report = run_paper(True, out=tmp_path / "cold", cache=cache, readme=readme, log=print)
+    frame = pd.read_csv(tmp_path / "cold" / "paper.csv")
+    text = report.read_text()
+    assert "--paper --quick` in " in text and "minutes" in text  # finished, with its time
+    assert "## Failures\n\nNone." in text, text
+
+    # every case has the CFP plan and every baseline, each judged by the compiled step
+    assert len(frame) == len(cases) * 5
+    assert (frame.groupby("case")["plan"].apply(set) == {"cfp", *BASELINES}).all()
+    assert (frame["evaluated_s"] > 0).all() and (frame["evaluated_memory"] > 0).all()
+    assert list(frame["fits"]) == list(frame["evaluated_memory"] <= frame["device_memory"])
+
+    cfp = frame[frame["plan"] == "cfp"].set_index("case")
+    # by construction: the CFP plan is the fastest predicted plan of the profiled space
+    # that fits the device, so no profiled template that fits is predicted faster
+    assert list(cfp["predicted_s"]) == pytest.approx(list(cfp["cfp_space_min_s"]), rel=1e-12)
+    assert (cfp["predicted_memory"] <= cfp["device_memory"]).all()
+    templates = frame[frame["plan"].isin(["dp", "megatron"])]
+    fitting = templates[templates["predicted_memory"] <= templates["device_memory"]]
+    for row in fitting.to_dict("records"):
+        assert cfp.loc[row["case"], "predicted_s"] <= row["predicted_s"] * (1 + 1e-12), row
+    # FSDP and the ILP are priced by compiling their whole step: prediction is the truth
+    compiled = frame[frame["plan"].isin(["fsdp", "alpa"])]
+    assert list(compiled["predicted_s"]) == list(compiled["evaluated_s"])
+    assert (cfp["programs"] > 0).all() and (cfp["analyse_s"] > 0).all()
+    assert frame.loc[frame["plan"] == "alpa", "alpa_variables"].gt(0).all()
+
+    updated = readme.read_text()
+    assert "old" not in updated and "tail" in updated
+    assert "llama_7b_bf16" in updated and "Geometric mean" in updated
+
+    # warm: every profile and every whole-step evaluation comes from the caches
+    again = run_paper(True, out=tmp_path / "warm", cache=cache, log=print)
+    warm = pd.read_csv(tmp_path / "warm" / "paper.csv")
+    assert list(warm["evaluated_s"]) == list(frame["evaluated_s"])
+    warm_cfp = warm[warm["plan"] == "cfp"]
+    assert list(warm_cfp["programs_from_cache"]) == list(warm_cfp["programs"])
+    assert f"; {len(cases) * 5 + 2 * len(cases)} whole-step evaluations read" in again.read_text()
+
+
+def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    case = PaperCase("gpt", "tiny", "v100-nvlink-4", (8,), batch=8, paper_batch=True, layers=2)
+    report = run_paper(False, out=tmp_path, cache=tmp_path / "c.sqlite", cases=[case], log=print)
+    text = report.read_text()
+    assert "v100-nvlink-4 mesh 8: the platform has 4 devices, the mesh needs 8" in text
+    assert "0 of 1 cases done" in text and "## Failures\n\nNone." in text

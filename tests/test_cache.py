@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def record(i: int, **changes: object) -> ProfileRecord:
         transient_memory=12345,
         saved_memory=1 << 31,
         gradient_memory=4096,
-        collectives='[{"kind": "all-reduce", "nbytes": 4096, "axes": ["x"]}]',
+        collectives='[{"kind": "all-reduce", "bytes": 4096, "axes": ["x"], "group": 2}]',
         reason="",
         seconds=0.25,
         created=1_700_000_000.0 + i,
@@ -468,3 +469,104 @@ def test_a_version_one_cache_is_migrated_in_place(tmp_path: Path) -> None:
         fresh = dataclasses.replace(old, flops=2.0e6, bytes_accessed=1.0e6)
         store.put(fresh)
         assert store.get(old.key) == fresh
+
+
+# -- a cache that cannot be written, rows that do not read back ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "why"),
+    [
+        ("t_comm", "'fast'", "column 't_comm' holds str 'fast'"),
+        ("t_comp", "-1.0", "column 't_comp' holds -1.0"),
+        ("memory", "-3", "column 'memory' holds -3"),
+        ("memory", "'lots'", "column 'memory' holds 'lots'"),
+        ("collectives", "'not json'", "column 'collectives' is not JSON"),
+        ("collectives", "'{\"kind\": 1}'", "holds dict, expected a list"),
+        ("collectives", '\'[{"kind": "gossip"}]\'', "expected a collective with kind"),
+        (
+            "collectives",
+            '\'[{"kind": "all-reduce", "bytes": 8, "axes": ["q"], "group": 2}]\'',
+            "axes among ['x', 'y']",
+        ),
+        ("dot_flops", "'[1, 2]'", "column 'dot_flops' holds"),
+        ("dot_flops", "'{\"bf16\": -5}'", "column 'dot_flops' holds"),
+        ("created", "'yesterday'", "column 'created' holds str"),
+        ("saved_memory", "-7", "column 'saved_memory' holds -7"),
+    ],
+)
+def test_a_hand_edited_row_is_a_miss_with_one_warning(
+    tmp_path: Path, column: str, value: str, why: str
+) -> None:
+    path = tmp_path / "profiles.sqlite"
+    fill(path, 3)
+    with sqlite3.connect(path) as db:  # as a user with the sqlite3 shell would
+        db.execute(f"UPDATE profiles SET {column} = {value} WHERE segment = 'seg0001'")
+    with ProfileCache(path) as cache:
+        with pytest.warns(CacheWarning, match="do not read back") as caught:
+            found = cache.get_many([key(0), key(1), key(2)])
+        assert set(found) == {key(0), key(2)}  # the edited row is a miss, the others stay
+        assert len(caught) == 1 and why in str(caught[0].message)
+        assert [r.key for r in cache.records()] == [key(0), key(2)]
+        cache.put(record(1))  # profiled again, it replaces the bad row
+        assert cache.get(key(1)) == record(1)
+
+
+@pytest.mark.parametrize(
+    "where", ["read-only file", "read-only folder", "folder as path", "file as folder"]
+)
+def test_an_unwritable_cache_warns_once_and_keeps_rows_in_memory(
+    tmp_path: Path, where: str, make_read_only: Callable[[Path], Path]
+) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    path = folder / "profiles.sqlite"
+    kept = 0
+    if where == "read-only file":
+        fill(path, 2)  # what it holds is still read
+        kept = 2
+        make_read_only(path)
+    elif where == "read-only folder":
+        make_read_only(folder)
+    elif where == "folder as path":
+        path = folder
+    else:
+        (folder / "plain").write_text("a file, not a folder")
+        path = folder / "plain" / "profiles.sqlite"
+    with pytest.warns(CacheWarning, match="cannot be written") as caught:
+        cache = ProfileCache(path)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert str(path) in message and f"({kept} cached rows read from the file)" in message
+    with cache:
+        assert cache.in_memory_since is not None
+        assert len(cache) == kept
+        cache.put(record(5))  # no second warning (warnings are errors in this suite)
+        assert cache.get(key(5)) == record(5) and len(cache) == kept + 1
+
+
+def test_a_cache_locked_past_the_timeout_hands_over_to_memory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put that cannot get the write lock (another process holds it past the busy timeout,
+    shortened here) keeps going in memory, with what the file held copied over."""
+    import explorer.profile.cache as cache_module
+
+    monkeypatch.setattr(cache_module, "BUSY_TIMEOUT_S", 0.2)
+    path = tmp_path / "profiles.sqlite"
+    fill(path, 2)
+    cache = ProfileCache(path)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # a real lock, held by another connection
+    try:
+        with pytest.warns(CacheWarning, match="cannot be written.*database is locked"):
+            cache.put(record(2))
+        cache.put(record(3))  # in memory now: no wait, no second warning
+        assert cache.in_memory_since is not None
+        assert [r.key for r in cache.records()] == [key(0), key(1), key(2), key(3)]
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        cache.close()
+    with ProfileCache(path) as reopened:  # the file kept what was committed before
+        assert [r.key for r in reopened.records()] == [key(0), key(1)]

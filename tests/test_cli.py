@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import SHARED_CACHE
 
 from explorer.cli import main
+from explorer.plan import load_plan
 from explorer.platforms import load_platform
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_plan_without_profiling_prints_blocks_and_program_count(
@@ -34,3 +46,118 @@ def test_calibrate_writes_a_platform_file_that_loads(tmp_path: Path) -> None:
     platform = load_platform(out)
     assert platform.devices == 8
     assert json.loads(out.read_text())["sources"]
+
+
+# -- bad input is refused before profiling; Ctrl-C stops a run, keeping what it profiled --------
+
+ZOO = ["plan", "--model", "gpt", "--preset", "tiny", "--mesh", "4"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--budget", "lots"], "--budget"),
+        (["--budget=-1GiB"], "--budget"),
+        (["--budget", "nan"], "--budget"),
+        (["--budget", "12 XB"], "--budget"),
+        (["--out", "{tmp}"], "--out"),  # a folder
+        (["--out", "{tmp}/plain/plan.json"], "--out"),  # under a file
+        (["--mesh", "0"], "mesh"),
+        (["--mesh", "2x"], "mesh"),
+        (["--platform", "a100-pcie-9"], "platform"),
+    ],
+)
+def test_plan_refuses_bad_input_before_profiling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], field: str
+) -> None:
+    (tmp_path / "plain").write_text("a file")
+    cache = tmp_path / "profiles.sqlite"
+    start = time.perf_counter()
+    argv = [*ZOO, "--cache", str(cache), *(f.format(tmp=tmp_path) for f in flags)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and field in err and "expected" in err
+    assert not cache.exists()  # nothing was profiled
+    assert time.perf_counter() - start < 5.0
+
+
+def test_plan_refuses_an_unwritable_out_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make_read_only: Callable[[Path], Path]
+) -> None:
+    (tmp_path / "locked").mkdir()
+    folder = make_read_only(tmp_path / "locked")
+    argv = [*ZOO, "--cache", str(tmp_path / "c.sqlite"), "--out", str(folder / "plan.json")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--out: expected a path where a plan file can be written" in err
+    assert str(folder) in err and not (tmp_path / "c.sqlite").exists()
+
+
+@pytest.mark.parametrize("budget", ["64MB", "64MiB", "1.5GiB"])
+def test_plan_takes_budgets_with_units(budget: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # checked at the door: with --no-profile the run stops after segmentation, budget read
+    assert main([*ZOO, "--no-profile", "--budget", budget]) == 0
+    assert "programs to profile" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_plan_with_a_budget_in_units_writes_a_plan_within_it(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    argv = [*ZOO, "--cache", str(SHARED_CACHE), "--budget", "1.5GiB", "--out", str(out)]
+    assert main(argv) == 0
+    plan = load_plan(out)
+    assert plan.document["predicted"]["budget"] == 3 * 2**29 and plan.memory <= 3 * 2**29
+
+
+def _rows(cache: Path) -> int:
+    if not cache.exists():
+        return 0
+    try:
+        with sqlite3.connect(f"file:{cache}?mode=ro", uri=True, timeout=5) as db:
+            return int(db.execute("SELECT COUNT(*) FROM profiles").fetchone()[0])
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def test_ctrl_c_stops_profiling_in_seconds_keeps_rows_and_exits_130(tmp_path: Path) -> None:
+    """A real `python -m explorer plan` in its own session, sent SIGINT on its whole process
+    group as a terminal's Ctrl-C is (the compile workers get it too), once it has profiled a
+    program: it stops within seconds, exits 130 with a line saying so and no traceback, and
+    the rows it finished stay in the cache."""
+    cache = tmp_path / "profiles.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XLA_FLAGS": os.environ["XLA_FLAGS"]}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "explorer", *ZOO, "--cache", str(cache)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while _rows(cache) == 0 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        assert _rows(cache) > 0, "no program was profiled in 4 minutes"
+        sent = time.perf_counter()
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+        stopped = time.perf_counter() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = err.decode()
+    assert process.returncode == 130, text
+    assert "Traceback" not in text, text
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("interrupted: profiling cancelled:") and "kept in the cache" in last
+    said = re.search(r"(\d+) of (\d+) programs to compile were profiled", last)
+    assert said is not None, last
+    finished, total = int(said[1]), int(said[2])
+    assert 0 < finished < total  # it stopped: the programs after the ones in flight never ran
+    assert _rows(cache) == finished  # and every one it finished is in the cache
+    # seconds (the programs compiling when Ctrl-C came finish), however many are queued; the
+    # bound is loose for a loaded machine: 7-18 s measured on 2 shared cores
+    assert stopped < 60.0, f"took {stopped:.1f} s to stop"
+    print(f"stopped {stopped:.1f} s after Ctrl-C, {finished} of {total} programs kept")

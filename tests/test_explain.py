@@ -205,3 +205,50 @@ def test_entry_instructions_read_the_entry_computation() -> None:
     reduced = [i for i in found if i.opcode in ("all-reduce", "all-gather", "reduce-scatter")]
     assert reduced and all(i.op_name for i in reduced)
     assert all(i.shapes for i in found if i.opcode != "tuple")
+
+
+ROLES = {
+    "gpt": ["qkv", "attention out", "mlp in", "mlp out"],
+    "llama": ["qkv", "attention out", "mlp in", "mlp out"],
+    "bert": ["qkv", "attention out", "mlp in", "mlp out"],
+}
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "bert", "moe"])
+def test_blocks_are_named_by_their_role_from_the_graphs_structure(name: str) -> None:
+    from explorer.explain.roles import block_names, block_roles
+
+    fn, config_cls = ex.models.MODELS[name]
+    step, args = fn(config_cls.tiny().replace(num_layers=2))
+    analysis = ex.analyze(step, *args, mesh=(4,), profile=False)
+    names = block_names(analysis)
+    by_instance = {i.label: [names[b] for b in i.blocks] for i in analysis.segments.instances}
+    print(by_instance)
+    for instance in analysis.segments.instances:  # unique within a segment
+        found = [names[b] for b in instance.blocks]
+        assert len(set(found)) == len(found), (instance.label, found)
+    if name in ROLES:
+        assert by_instance["layer_0"] == by_instance["layer_1"] == ROLES[name]
+    else:  # GShard MoE: a dense layer, then attention and the routed expert MLP
+        assert by_instance["layer_0"] == ROLES["gpt"]
+        moe = [n for i in analysis.segments.instances if i.label.startswith("layer_1") for n in
+               (names[b] for b in i.blocks)]  # fmt: skip
+        assert moe == [
+            "qkv", "attention out", "router", "dispatch", "experts in", "experts out", "combine"
+        ]  # fmt: skip
+    # the LM head matches no rule: named by its position
+    roles = block_roles(analysis)
+    head = analysis.segments.instances[-1]
+    assert [names[b] for b in head.blocks] == [f"block {k}" for k in range(len(head.blocks))]
+    assert all(roles[b] == "" for b in head.blocks)
+
+
+def test_role_names_stay_unique_at_48_layers() -> None:
+    from explorer.explain.roles import block_names
+
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=48))
+    analysis = ex.analyze(step, *args, mesh=(4,), profile=False)
+    names = block_names(analysis)
+    layers = [i for i in analysis.segments.instances if len(i.blocks) == 4]
+    assert len(layers) == 48
+    assert all([names[b] for b in i.blocks] == ROLES["gpt"] for i in layers)

@@ -28,3 +28,34 @@ def test_only_jax_compat_touches_jax_internals() -> None:
         if path.name != "_jax_compat.py" and "jax._src" in path.read_text()
     ]
     assert offenders == []
+
+
+def test_the_plan_does_not_import_the_alpa_baseline() -> None:
+    """The Alpa-style ILP is a baseline off the main path: `explorer.plan` imports it nowhere,
+    neither when loaded nor inside a function (applying a per-op plan needs only layouts)."""
+    import ast
+    from pathlib import Path
+
+    import explorer
+
+    tree = ast.parse((Path(explorer.__file__).parent / "plan.py").read_text())
+    imported = [
+        name
+        for node in ast.walk(tree)
+        for name in (
+            [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else []
+        )
+    ]
+    assert [n for n in imported if n.startswith("explorer.alpa")] == []
+    code = (
+        "import sys, explorer.plan\n"
+        "print(','.join(m for m in sys.modules if m.startswith('explorer.alpa')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "", f"import explorer.plan loaded {result.stdout.strip()}"

@@ -6,6 +6,7 @@ notebook promises to finish in about a minute on two cores; the wall time is pri
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -48,8 +49,11 @@ def test_the_notebook_runs_all_cells_cold(tmp_path: Path, monkeypatch: pytest.Mo
         o for cell in notebook.cells for o in cell.get("outputs", []) if o.output_type == "error"
     ]
     assert errors == []
-    assert plan.is_file() and f"exported {plan}" in outputs[-2]
-    assert "cfp plan on mesh 8 (x)" in outputs[-2]
+    assert plan.is_file() and f"exported {plan}" in outputs[-3]
+    assert "cfp plan on mesh 8 (x)" in outputs[-3]
+    # why this plan: every collective of the compiled step attributed, with its time
+    assert outputs[-2].startswith("cfp plan on 8 (x) (a100-pcie-8): ")
+    assert re.search(r"\d+ collectives, [\d.]+ us: block \d+", outputs[-2]), outputs[-2]
     assert "profiled 32 programs" in outputs[2]  # the embedding once per head strategy
     last = outputs[-1]
     assert last.startswith("one step of the cfp plan on mesh 8 (x): loss ")

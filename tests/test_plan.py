@@ -101,7 +101,8 @@ def test_malformed_and_foreign_plans_are_refused_naming_the_field(tmp_path: Path
     path.write_text(json.dumps({**document, "model_fingerprint": "0123456789abcdef"}))
     with pytest.raises(PlanError, match="field 'model_fingerprint'"):
         ex.apply_plan(ex.load_plan(path), step, donate=False)(*args)
-    path.write_text(json.dumps({**document, "mesh": {"axes": ["x"], "shape": [16]}}))
+    sixteen = {"mesh": {"axes": ["x"], "shape": [16]}, "device_count": 16}
+    path.write_text(json.dumps({**document, **sixteen}))
     with pytest.raises(PlanError, match="field 'mesh': the plan needs 16 devices"):
         ex.apply_plan(ex.load_plan(path), step, donate=False)(*args)
 

@@ -21,9 +21,11 @@ from helpers import assert_trees_close, traced
 from explorer.blocks import build_blocks
 from explorer.errors import ArgumentMismatchError
 from explorer.ir import BlockAnalysis, Config, Graph, ValueKind
+from explorer.layouts import place
 from explorer.mesh import make_mesh, mesh_spec
-from explorer.profile.hlo import CollectiveKind, parse_collectives
+from explorer.profile.hlo import CollectiveKind, entry_instructions, parse_collectives
 from explorer.realize import realize
+from explorer.segments import build_segments
 from explorer.space import build_space, shardings
 
 RTOL = ATOL = 1e-5
@@ -157,3 +159,30 @@ def test_random_configurations_of_the_other_models_match(name: str, shape: tuple
     for _ in range(2):
         choices = tuple(rng.randrange(len(b.strategies)) for b in analysis.blocks)
         assert_trees_close(expected, _run(graph, analysis, shape, choices, warm), RTOL, ATOL)
+
+
+def test_random_bits_are_generated_per_shard_as_accelerators_generate_them() -> None:
+    """Dropout's random bits under a batch split, placed as a plan places them: no device
+    holds a buffer of the whole global array of bits. The CPU's own lowering (a rolled
+    loop) did: the SPMD partitioner left the loop's state replicated, 4 GiB per dropout per
+    device on GPT-2.6B; accelerators lower it elementwise, and so do profiles and steps."""
+    _, args, graph = traced("gpt", 1)
+    spec = mesh_spec((8,))
+    analysis = _space(graph, spec.shape)
+    batch_split = tuple(
+        next(i for i, s in enumerate(b.strategies) if s.name.startswith("M@"))
+        for b in analysis.blocks
+    )
+    placed = place(
+        graph, analysis.blocks, Config(batch_split), spec, build_segments(graph, analysis)
+    )
+    text = realize(graph, placed.assignment, make_mesh(spec)).lower(*args).compile().as_text()
+    batch = args[2]["tokens"].shape[0]
+    leading = {
+        dims[0]
+        for instruction in entry_instructions(text)
+        for dtype, dims in instruction.shapes
+        if dtype == "u32" and len(dims) == 4  # [batch, heads, query, key] bits of a dropout
+    }
+    assert "u32[" in text, "expected dropout's random bits in the step"
+    assert batch not in leading, "random bits of the whole batch held on one device"

@@ -79,8 +79,11 @@ def test_a_run_fills_every_view(app: Explorer) -> None:
     bands = app.graph.figure.data[app.graph.band_trace]
     assert list(bands.text) == ["embed", "layer x 2", "head"]
     legend = [t.name for t in _node_traces(app)]
-    assert legend == ["layer #0 attn", "layer #1 attn", "layer #2 mlp", "layer #3 mlp", legend[-1]]
-    assert legend[-1].startswith("head #0")
+    # blocks named by their role in the layer (explain.roles), by position where none applies
+    assert legend == [
+        "layer · qkv", "layer · attention out", "layer · mlp in", "layer · mlp out",
+        "head · block 0",
+    ]  # fmt: skip
     assert len({t.marker.color for t in _node_traces(app)}) == len(legend)
     # the summary is the fastest plan's
     fastest = analysis.frontier.points[-1]

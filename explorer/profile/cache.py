@@ -8,9 +8,16 @@ platform file hash, backend, JAX version, `extra`), stored as columns plus a sha
 that is the primary key.
 
 Each `put` is its own committed transaction, so a killed run loses at most the program it was
-profiling. The file is a cache, never the only copy of anything: a file that is not a
-database, is damaged, or has a schema this version does not know is moved aside with a
-`CacheWarning` and a fresh cache is built in its place, instead of failing the analysis.
+profiling. The file is a cache, never the only copy of anything, so nothing about it fails an
+analysis; each problem is one `CacheWarning`:
+- a file that is not a database, is damaged, or has a schema this version does not know is
+  moved aside and a fresh cache is built in its place;
+- a cache that cannot be written (a read-only file or folder, a folder given as the path, a
+  full disk, a lock held past the busy timeout) is copied into memory as far as it can be
+  read, and the run keeps its results there: it finishes, and what it profiled is lost only
+  when the process ends;
+- a row that does not read back as a record (edited by hand, or by another tool) is a miss,
+  so its program is profiled again.
 """
 
 from __future__ import annotations
@@ -19,18 +26,20 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 
-from explorer.errors import ExplorerError
+from explorer.errors import CacheError, CacheWarning
+from explorer.profile.hlo import CollectiveKind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,14 +63,6 @@ _CHUNK = 500
 
 Status = Literal["ok", "infeasible"]
 _STATUSES: frozenset[str] = frozenset({"ok", "infeasible"})
-
-
-class CacheError(ExplorerError):
-    """The profile cache was misused (closed, or given an invalid record)."""
-
-
-class CacheWarning(UserWarning):
-    """The cache file could not be used as it was; it was moved aside and rebuilt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,15 +212,25 @@ class ProfileCache:
     """
 
     def __init__(self, path: str | Path | None = None) -> None:
+        if path is not None and not isinstance(path, (str, Path)):
+            raise CacheError(
+                f"cache: expected the path of a cache file or None (in memory), found "
+                f"{type(path).__name__} {path!r}"
+            )
         self._path: Path | None = None if path is None else Path(path).expanduser()
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._in_memory_since: str | None = None  # why a file cache fell back to memory
         if self._path is None:
-            self._conn = self._connect(":memory:")
-            self._prepare(self._conn)
+            self._conn = self._memory()
             return
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = self._open_file(self._path)
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = self._open_file(self._path)
+        except (OSError, sqlite3.Error) as exc:
+            # cannot open, create or write it (read-only file or folder, a folder as the
+            # path, locked): a cache must never cost the run
+            self._conn = self._fall_back(_explain(exc))
 
     # -- opening ------------------------------------------------------------------------
 
@@ -243,6 +254,8 @@ class ProfileCache:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
                 self._prepare(conn)
+                # a write, so a read-only file shows here, before profiling, not at a put
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 return conn
             except sqlite3.OperationalError:
                 # Locked past the busy timeout, unreadable, disk full: not the file's content,
@@ -254,6 +267,44 @@ class ProfileCache:
                 found = str(exc) if isinstance(exc, _Unusable) else f"SQLite error: {exc}"
                 self._move_aside(path, inode, found, last=attempt == 2)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _memory(self) -> sqlite3.Connection:
+        conn = self._connect(":memory:")
+        self._prepare(conn)
+        return conn
+
+    def _fall_back(
+        self, reason: str, source: sqlite3.Connection | None = None
+    ) -> sqlite3.Connection:
+        """An in-memory cache holding what can still be read of the file (from `source`, the
+        connection in use, else a read-only snapshot of the file), with one warning."""
+        memory = self._connect(":memory:")
+        copied = False
+        try:
+            if source is None and self._path is not None and self._path.is_file():
+                # immutable: read without the locks and journal files a read-only place denies
+                uri = f"{self._path.resolve().as_uri()}?mode=ro&immutable=1"
+                source = sqlite3.connect(uri, uri=True, check_same_thread=False)
+                with contextlib.closing(source):
+                    source.backup(memory)
+            elif source is not None:
+                source.backup(memory)
+            self._prepare(memory)  # a copy of another schema, or of no database, is refused
+            copied = True
+        except (sqlite3.Error, _Unusable):
+            memory.close()
+            memory = self._memory()
+        self._in_memory_since = reason
+        kept = len(memory.execute("SELECT digest FROM profiles").fetchall()) if copied else 0
+        warnings.warn(
+            f"profile cache {self._path} cannot be written ({reason}). This run keeps its "
+            f"profiles in memory ({kept} cached rows read from the file) and finishes, but "
+            "what it profiles is lost when the process ends: make the file and its folder "
+            "writable, or pass another cache path (cache=None for no file).",
+            CacheWarning,
+            stacklevel=3,
+        )
+        return memory
 
     @staticmethod
     def _prepare(conn: sqlite3.Connection) -> None:
@@ -355,24 +406,48 @@ class ProfileCache:
         digests = list(by_digest)
         out: dict[ProgramKey, ProfileRecord] = {}
         stale = 0
+        unreadable: list[str] = []
         with self._lock:
             db = self._db()
-            for i in range(0, len(digests), _CHUNK):
-                chunk = digests[i : i + _CHUNK]
-                marks = ", ".join("?" * len(chunk))
-                for row in db.execute(f"{_SELECT} WHERE digest IN ({marks})", chunk):
+            rows = []
+            try:
+                for i in range(0, len(digests), _CHUNK):
+                    chunk = digests[i : i + _CHUNK]
+                    marks = ", ".join("?" * len(chunk))
+                    rows += db.execute(f"{_SELECT} WHERE digest IN ({marks})", chunk).fetchall()
+            except sqlite3.Error as exc:  # locked past the timeout, or the disk failed
+                warnings.warn(
+                    f"profile cache {self._path}: could not be read ({_explain(exc)}); "
+                    "every program is profiled again",
+                    CacheWarning,
+                    stacklevel=2,
+                )
+                return {}
+            for row in rows:
+                try:
                     found = _from_row(row)
-                    unknown = (
-                        found.flops < 0
-                        or found.bytes_accessed < 0
-                        or not found.dot_flops
-                        or found.saved_memory < 0
-                        or found.gradient_memory < 0
-                    )
-                    if found.status == "ok" and unknown:
-                        stale += 1
-                        continue
-                    out[by_digest[row[0]]] = found
+                except _BadRow as bad:
+                    unreadable.append(str(bad))
+                    continue
+                unknown = (
+                    found.flops < 0
+                    or found.bytes_accessed < 0
+                    or not found.dot_flops
+                    or found.saved_memory < 0
+                    or found.gradient_memory < 0
+                )
+                if found.status == "ok" and unknown:
+                    stale += 1
+                    continue
+                out[by_digest[row[0]]] = found
+        if unreadable:
+            warnings.warn(
+                f"{len(unreadable)} cached profile(s) in {self._path or 'the in-memory cache'} "
+                f"do not read back as profiles (edited by hand or by another tool?), e.g. "
+                f"{unreadable[0]}; they are cache misses and profiled again",
+                CacheWarning,
+                stacklevel=2,
+            )
         if stale:
             warnings.warn(
                 f"{stale} cached profile(s) in {self._path or 'the in-memory cache'} come from "
@@ -385,10 +460,24 @@ class ProfileCache:
         return out
 
     def put(self, record: ProfileRecord) -> None:
-        """Store `record`, replacing any row with the same key, and commit at once."""
+        """Store `record`, replacing any row with the same key, and commit at once. A file
+        that cannot take it (read-only now, disk full, locked) hands over to memory, once."""
         with self._lock:
-            # Autocommit mode: this one statement is its own committed transaction.
-            self._db().execute(_INSERT, _to_row(record))
+            db = self._db()
+            try:
+                # Autocommit mode: this one statement is its own committed transaction.
+                db.execute(_INSERT, _to_row(record))
+            except sqlite3.Error as exc:
+                if self._in_memory_since is not None:
+                    raise  # memory itself failed: nothing left to fall back on
+                self._conn = self._fall_back(_explain(exc), source=db)
+                db.close()
+                self._conn.execute(_INSERT, _to_row(record))
+
+    @property
+    def in_memory_since(self) -> str | None:
+        """Why a file cache keeps its rows in memory (it could not be written), else None."""
+        return self._in_memory_since
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, ProgramKey):
@@ -405,10 +494,14 @@ class ProfileCache:
         return iter(self.records())
 
     def records(self) -> list[ProfileRecord]:
-        """Every record, oldest first."""
+        """Every record that reads back, oldest first (see `get_many` for the others)."""
         with self._lock:
             rows = self._db().execute(f"{_SELECT} ORDER BY created, digest").fetchall()
-        return [_from_row(r) for r in rows]
+        out = []
+        for row in rows:
+            with contextlib.suppress(_BadRow):
+                out.append(_from_row(row))
+        return out
 
     def to_frame(self) -> pd.DataFrame:
         """One row per record, columns `COLUMNS` (key fields flattened, `digest` first)."""
@@ -457,42 +550,121 @@ def _to_row(record: ProfileRecord) -> tuple[Any, ...]:
     )
 
 
+class _BadRow(ValueError):
+    """Internal: a row that does not read back as a record; says which column and why."""
+
+
+def _explain(exc: BaseException) -> str:
+    """What went wrong with the file, in a user's words (SQLite's own message kept)."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return f"{type(exc).__name__}: {text}"
+
+
+def _number(row: Mapping[str, Any], column: str, *, low: float, finite: bool = True) -> float:
+    value = row[column]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _BadRow(f"column {column!r} holds {type(value).__name__} {value!r}, not a number")
+    if (finite and not math.isfinite(value)) or math.isnan(value) or value < low:
+        raise _BadRow(f"column {column!r} holds {value!r}, expected a number >= {low}")
+    return float(value)
+
+
+def _whole(row: Mapping[str, Any], column: str, *, low: int) -> int:
+    value = row[column]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise _BadRow(f"column {column!r} holds {value!r}, expected an integer >= {low}")
+    return value
+
+
+def _text(row: Mapping[str, Any], column: str) -> str:
+    value = row[column]
+    if not isinstance(value, str):
+        raise _BadRow(f"column {column!r} holds {type(value).__name__} {value!r}, not text")
+    return value
+
+
+_KINDS = frozenset(k.value for k in CollectiveKind)
+
+
+def _check_collectives(text: str, mesh: str) -> None:
+    """The collectives JSON as the runner prices it: kinds, sizes and axes of the key's mesh."""
+    names = set(mesh.partition("(")[2].rstrip(")").split(","))
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        raise _BadRow(f"column 'collectives' is not JSON: {text[:60]!r}") from None
+    if not isinstance(entries, list):
+        raise _BadRow(f"column 'collectives' holds {type(entries).__name__}, expected a list")
+    for entry in entries:
+        ok = (
+            isinstance(entry, dict)
+            and entry.get("kind") in _KINDS
+            and all(
+                isinstance(entry.get(f), int) and not isinstance(entry.get(f), bool)
+                for f in ("bytes", "group")
+            )
+            and entry["bytes"] >= 0
+            and isinstance(entry.get("axes"), list)
+            and all(isinstance(a, str) and a in names for a in entry["axes"])
+            and isinstance(entry.get("elements", 1), int)
+        )
+        if not ok:
+            raise _BadRow(
+                f"column 'collectives' holds {str(entry)[:80]}, expected a collective with "
+                f"kind in {sorted(_KINDS)}, int bytes >= 0 and group, axes among {sorted(names)}"
+            )
+
+
+def _check_dot_flops(text: str) -> None:
+    if not text:
+        return  # rows from before it was recorded: stale, a miss (see get_many)
+    try:
+        flops = json.loads(text)
+    except ValueError:
+        raise _BadRow(f"column 'dot_flops' is not JSON: {text[:60]!r}") from None
+    if not isinstance(flops, dict) or not all(
+        isinstance(k, str)
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+        and v >= 0
+        for k, v in flops.items()
+    ):
+        raise _BadRow(f"column 'dot_flops' holds {text[:60]!r}, expected dtype -> FLOPs >= 0")
+
+
 def _from_row(row: Sequence[Any]) -> ProfileRecord:
-    # Column order is COLUMNS: digest, the key fields, then the record's fields.
-    n = len(_KEY_COLUMNS)
-    key = ProgramKey(*(str(v) for v in row[1 : 1 + n]))
-    (
-        status,
-        t_comm,
-        t_comp,
-        memory,
-        persistent,
-        transient,
-        collectives,
-        reason,
-        seconds,
-        created,
-        flops,
-        bytes_accessed,
-        dot_flops,
-        saved,
-        gradients,
-    ) = row[1 + n :]
+    """The record of a row, every column checked as the runner will use it (a `_BadRow`
+    otherwise): a row edited by hand must be a miss, never a crash later in pricing."""
+    named = dict(zip(COLUMNS, row, strict=True))
+    key = ProgramKey(*(_text(named, c) for c in _KEY_COLUMNS))
+    status = named["status"]
+    if status not in _STATUSES:
+        raise _BadRow(f"column 'status' holds {status!r}, expected one of {sorted(_STATUSES)}")
+    ok = status == "ok"
+    collectives = _text(named, "collectives")
+    dot_flops = _text(named, "dot_flops")
+    if ok:
+        _check_collectives(collectives, key.mesh)
+        _check_dot_flops(dot_flops)
     return ProfileRecord(
         key=key,
-        status="ok" if status == "ok" else "infeasible",
-        t_comm=float(t_comm),
-        t_comp=float(t_comp),
-        memory=int(memory),
-        persistent_memory=int(persistent),
-        transient_memory=int(transient),
-        collectives=str(collectives),
-        reason=str(reason),
-        seconds=float(seconds),
-        created=float(created),
-        flops=float(flops),
-        bytes_accessed=float(bytes_accessed),
-        dot_flops=str(dot_flops),
-        saved_memory=int(saved),
-        gradient_memory=int(gradients),
+        status="ok" if ok else "infeasible",
+        # an infeasible program's times are infinite by construction
+        t_comm=_number(named, "t_comm", low=0, finite=ok),
+        t_comp=_number(named, "t_comp", low=0, finite=ok),
+        memory=_whole(named, "memory", low=0),
+        persistent_memory=_whole(named, "persistent_memory", low=0),
+        transient_memory=_whole(named, "transient_memory", low=0),
+        collectives=collectives,
+        reason=_text(named, "reason"),
+        seconds=_number(named, "seconds", low=0),
+        created=_number(named, "created", low=0),
+        flops=_number(named, "flops", low=-1),
+        bytes_accessed=_number(named, "bytes_accessed", low=-1),
+        dot_flops=dot_flops,
+        saved_memory=_whole(named, "saved_memory", low=-1),
+        gradient_memory=_whole(named, "gradient_memory", low=-1),
     )

@@ -26,6 +26,7 @@ import hashlib
 import os
 import pickle
 import queue
+import signal
 import subprocess
 import sys
 import tempfile
@@ -275,6 +276,10 @@ def _serve() -> None:
             "restart that process (the notebook's kernel) to profile with the code on disk\n"
         )
         sys.exit(3)
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides what stops
+    # (it cancels, then closes this worker's input); a worker that died of it would only be
+    # restarted for the programs in flight, delaying the stop by a compile or two
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests = sys.stdin.buffer
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt answers

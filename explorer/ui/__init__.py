@@ -7,7 +7,8 @@ Nothing outside this package imports it, so the engine runs without the UI depen
     display(app); app.run()
 """
 
-from explorer.ui.app import Explorer, mesh_shapes
+from explorer.ui.app import Explorer
+from explorer.ui.controls import mesh_shapes
 from explorer.ui.inputs import presets
 from explorer.ui.state import Choice, Session, Settings, paired_strategies
 

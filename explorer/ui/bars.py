@@ -4,7 +4,8 @@ For the profiled configurations of the selected segment type: computation and co
 time stacked, ranked by total; the configurations the current plan uses outlined; peak memory
 on a second axis; the Alpa-style symbolic cost as markers when `explorer.alpa` provides it;
 the collectives the compiler emitted in the hover. A type with many configurations (a GPT
-layer has 81) shows the `TOP` fastest and every one the plan uses, whatever its rank.
+layer has 81) shows the `TOP` fastest and every one the plan uses, whatever its rank; a text
+filter narrows the ranking to the configurations whose name holds it (the plan's stay).
 """
 
 from __future__ import annotations
@@ -71,16 +72,30 @@ class BarsData:
     note: str
     unit: style.MemoryUnit = style.MIB
     memory_bytes: tuple[int, ...] = ()
+    filter: str = ""  # only configurations whose name contains it (any case), and the plan's
+
+    @property
+    def matching(self) -> tuple[int, ...]:
+        needle = self.filter.strip().lower()
+        return tuple(i for i, c in enumerate(self.configs) if needle in c.lower())
 
     @property
     def shown(self) -> tuple[int, ...]:
-        """The configurations drawn, by rank: the `TOP` fastest and every chosen one."""
-        return tuple(i for i in range(len(self.configs)) if i < TOP or self.chosen[i])
+        """The configurations drawn, by rank: the `TOP` fastest of those the filter keeps,
+        and every chosen one."""
+        kept = set(self.matching[:TOP])
+        return tuple(i for i in range(len(self.configs)) if i in kept or self.chosen[i])
 
 
-def with_chosen(base: BarsData, used: Counter[str]) -> BarsData:
-    """`used[config]`: instances of the type the current plan gives each configuration."""
-    return dataclasses.replace(base, chosen=tuple(used.get(c, 0) for c in base.configs))
+def with_chosen(
+    base: BarsData, configs: tuple[str, ...], instances: list[int], text: str = ""
+) -> BarsData:
+    """The bars of `base` with what the plan gives `instances` (its configuration per
+    instance is `configs`) and the text filter."""
+    used = used_configs(configs, instances)
+    return dataclasses.replace(
+        base, chosen=tuple(used.get(c, 0) for c in base.configs), filter=text
+    )
 
 
 def profiled_bars(
@@ -158,6 +173,8 @@ class BarsView:
 
     def __init__(self) -> None:
         self.data = empty_bars("")
+        self._drawn = False  # nothing sent yet
+        self._title = ""
         self.figure = go.FigureWidget(
             data=[
                 go.Bar(name="computation", marker={"color": style.OKABE_ITO[4]}),
@@ -188,8 +205,12 @@ class BarsView:
         )
 
     def show(self, data: BarsData) -> None:
-        """Draw `data`; for the same segment's bars and ranks only the highlight is re-sent."""
+        """Draw `data`; for the same segment's bars and ranks only the highlight is re-sent,
+        and nothing when the plan gives the type the same configurations."""
         previous, self.data = self.data, data
+        if previous == data and self._drawn:
+            return
+        self._drawn = True
         shown = data.shown
 
         def drawn(d: BarsData) -> tuple[Any, ...]:
@@ -198,42 +219,51 @@ class BarsView:
         same = drawn(previous) == drawn(data)
         configs = [data.configs[i] for i in shown]
         width = [3.0 if data.chosen[i] else 0.0 for i in shown]
-        opacity = [1.0 if data.chosen[i] else 0.55 for i in shown] if any(data.chosen) else 1.0
+        lit = any(data.chosen)
+        opacity = [1.0 if data.chosen[i] or not lit else 0.55 for i in shown]
         hover = [_hover(data, i) for i in shown]
-        has_symbolic = [i for i in shown if data.symbolic_ms[i] is not None]
+        title = _title(data, shown)
         fig = self.figure
+        if same:  # a slider step: the highlight and the title, in one message
+            highlight = {"hovertext": hover, "marker.line.width": width, "marker.opacity": opacity}
+            relayout = {"title.text": title} if title != self._title else None
+            style.send(fig, {0: highlight, 1: highlight}, relayout)
+            self._title = title
+            return
+        has_symbolic = [i for i in shown if data.symbolic_ms[i] is not None]
         with fig.batch_update():
             for trace, values in ((fig.data[0], data.t_comp_ms), (fig.data[1], data.t_comm_ms)):
-                if not same:
-                    trace.x = configs
-                    trace.y = [values[i] for i in shown]
-                    trace.hoverinfo = "text"
+                trace.x = configs
+                trace.y = [values[i] for i in shown]
+                trace.hoverinfo = "text"
                 trace.hovertext = hover
                 trace.marker.line = {"color": style.CHOSEN, "width": width}
                 trace.marker.opacity = opacity
-            if not same:
-                fig.data[2].x = configs
-                fig.data[2].y = [data.memory[i] for i in shown]
-                fig.data[2].hovertext = hover
-                fig.data[2].hoverinfo = "text"
-                fig.data[3].x = [data.configs[i] for i in has_symbolic]
-                fig.data[3].y = [data.symbolic_ms[i] for i in has_symbolic]
-                fig.layout.yaxis2.title = {"text": f"peak memory ({data.unit.name})"}
-            chosen = [c for c, n in zip(data.configs, data.chosen, strict=True) if n]
-            ranked = (
-                f"the {TOP} fastest of {len(data.configs)} configurations"
-                + (" and the plan's" if len(shown) > TOP else "")
-                if len(data.configs) > TOP
-                else f"{len(data.configs)} configurations"
-            )
-            fig.layout.title = style.title(
-                (
-                    f"{data.label}: {ranked}"
-                    + (f"; plan uses {', '.join(chosen)}" if chosen else "")
-                    if data.configs
-                    else (data.note or "select a segment")
-                ),
-            )
+            fig.data[2].x = configs
+            fig.data[2].y = [data.memory[i] for i in shown]
+            fig.data[2].hovertext = hover
+            fig.data[2].hoverinfo = "text"
+            fig.data[3].x = [data.configs[i] for i in has_symbolic]
+            fig.data[3].y = [data.symbolic_ms[i] for i in has_symbolic]
+            fig.layout.yaxis2.title = {"text": f"peak memory ({data.unit.name})"}
+            fig.layout.title = style.title(title)
+        self._title = title
+
+
+def _title(data: BarsData, shown: tuple[int, ...]) -> str:
+    if not data.configs:
+        return data.note or "select a segment"
+    chosen = [c for c, n in zip(data.configs, data.chosen, strict=True) if n]
+    matching = len(data.matching)
+    among = (
+        f"{matching} of {len(data.configs)} configurations matching “{data.filter}”"
+        if data.filter.strip()
+        else f"{len(data.configs)} configurations"
+    )
+    ranked = (f"the {TOP} fastest of {among}" if matching > TOP else among) + (
+        " and the plan's" if len(shown) > min(TOP, matching) else ""
+    )
+    return f"{data.label}: {ranked}" + (f"; plan uses {', '.join(chosen)}" if chosen else "")
 
 
 def used_configs(configs: tuple[str, ...], instances: list[int]) -> Counter[str]:

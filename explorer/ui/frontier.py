@@ -53,6 +53,8 @@ def frontier_data(
 class FrontierView:
     def __init__(self) -> None:
         self.data = FrontierData((), (), None, None)
+        self._drawn = False  # nothing sent yet
+        self._title = ""
         layout = style.figure_layout(height=360, margin={"l": 50, "r": 40, "t": 60, "b": 50})
         self.figure = go.FigureWidget(
             data=[
@@ -84,26 +86,47 @@ class FrontierView:
         )
 
     def show(self, data: FrontierData) -> None:
-        """Redraw; the frontier line is only re-sent when it changed."""
+        """Redraw. A slider step moves only the current plan's marker and the budget line,
+        sent as one message; the rest is re-sent when it changed."""
         previous, self.data = self.data, data
         fig = self.figure
+        title = f"{len(data.time_ms)} Pareto-optimal plans" + (
+            f" ({data.note})" if data.note else ""
+        )
+        current = {
+            "x": [] if data.current is None else [data.current[0]],
+            "y": [] if data.current is None else [data.current[1]],
+        }
+        steady = (
+            self._drawn
+            and (previous.memory, previous.time_ms, previous.unit, previous.others)
+            == (data.memory, data.time_ms, data.unit, data.others)
+            and (previous.budget is None) == (data.budget is None)
+        )
+        if steady:
+            relayout: dict[str, object] = {}
+            if data.budget is not None and data.budget != previous.budget:
+                relayout.update({"shapes[0].x0": data.budget, "shapes[0].x1": data.budget})
+            if title != self._title:
+                relayout["title.text"] = title
+            restyle = {1: current} if previous.current != data.current else {}
+            style.send(fig, restyle, relayout)
+            self._title = title
+            return
+        self._drawn = True
         with fig.batch_update():
-            if (previous.memory, previous.time_ms) != (data.memory, data.time_ms):
-                fig.data[0].x = list(data.memory)
-                fig.data[0].y = list(data.time_ms)
-                fig.data[0].customdata = [style.exact_bytes(b) for b in data.memory_bytes]
-                fig.data[0].hovertemplate = (
-                    f"%{{x:.4g}} {data.unit.name} (%{{customdata}}), %{{y:.4g}} ms"
-                    "<extra>frontier plan</extra>"
-                )
-            if previous.unit != data.unit or not fig.layout.xaxis.title.text:
-                fig.layout.xaxis.title = {"text": f"memory per device ({data.unit.name})"}
-            fig.data[1].x = [] if data.current is None else [data.current[0]]
-            fig.data[1].y = [] if data.current is None else [data.current[1]]
-            if previous.others != data.others:
-                fig.data[2].x = [m for _, m, _ in data.others]
-                fig.data[2].y = [t for _, _, t in data.others]
-                fig.data[2].text = [n for n, _, _ in data.others]
+            fig.data[0].x = list(data.memory)
+            fig.data[0].y = list(data.time_ms)
+            fig.data[0].customdata = [style.exact_bytes(b) for b in data.memory_bytes]
+            fig.data[0].hovertemplate = (
+                f"%{{x:.4g}} {data.unit.name} (%{{customdata}}), %{{y:.4g}} ms"
+                "<extra>frontier plan</extra>"
+            )
+            fig.layout.xaxis.title = {"text": f"memory per device ({data.unit.name})"}
+            fig.data[1].x, fig.data[1].y = current["x"], current["y"]
+            fig.data[2].x = [m for _, m, _ in data.others]
+            fig.data[2].y = [t for _, _, t in data.others]
+            fig.data[2].text = [n for n, _, _ in data.others]
             fig.layout.shapes = (
                 []
                 if data.budget is None
@@ -119,7 +142,5 @@ class FrontierView:
                     }
                 ]
             )
-            fig.layout.title = style.title(
-                f"{len(data.time_ms)} Pareto-optimal plans"
-                + (f" ({data.note})" if data.note else "")
-            )
+            fig.layout.title = style.title(title)
+        self._title = title

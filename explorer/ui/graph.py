@@ -1,336 +1,42 @@
 """Graph view: ParallelBlocks first, one segment expanded to its ops on demand.
 
-The layout (where every node sits, which band it belongs to, the edges) depends only on the
-traced model and its blocks, so it is computed once per model and kept in a `LayoutCache`;
-a re-solve only changes the plan-dependent properties (outline colour, symbol, text, hover)
-of the traces already in the figure.
+Where nodes sit comes from `layout` (once per model); a re-solve only changes the
+plan-dependent properties (outline colour, symbol, text, hover) of the traces already in the
+figure, and only those that changed are sent to the page. The ops view can collapse scopes
+into one node each and highlight the ops a search finds; the "Why this plan" panel adds one
+marker per block for the collectives it makes the compiler emit.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from html import escape as esc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
-from explorer.ir import Role
 from explorer.ui import style
+from explorer.ui.layout import LayoutCache
+from explorer.ui.nodes import (
+    NodeStyle,
+    OpNodes,
+    block_styles,
+    merged,
+    op_nodes,
+    op_styles,
+    strategy_palette,
+)
 
 if TYPE_CHECKING:
     from explorer.pipeline import Analysis
     from explorer.plan import Plan
+    from explorer.ui.explain_tables import BlockMarker
     from explorer.ui.state import Choice
 
 ROLE_FILTERS = ("all", "forward", "backward", "optimizer")
-
-
-# -- layout (computed once per model) ---------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BlockClass:
-    """Blocks at one position of one segment type share a colour (and a legend entry)."""
-
-    key: tuple[int, int]  # (segment type id, position in the instance)
-    label: str  # unique within the model: type (and its id where labels repeat), position
-    colour: str
-    cue: str = ""  # marker symbol suffix ("-dot") once the palette repeats: a second cue
-
-
-@dataclass(frozen=True, slots=True)
-class Band:
-    """A run of consecutive instances of one segment type, drawn as one labelled band."""
-
-    unique_id: int
-    instances: tuple[int, ...]
-    label: str  # "layer x 48", "embed"
-    x0: float
-    x1: float
-
-
-@dataclass(frozen=True, slots=True)
-class BlockLayout:
-    """Block-level view: the blocks of each band's first instance stand for the whole run."""
-
-    bands: tuple[Band, ...]
-    node_band: tuple[int, ...]  # per node: its band
-    node_position: tuple[int, ...]  # per node: block position within the instance
-    node_class: tuple[int, ...]  # per node: index into classes
-    x: tuple[float, ...]
-    y: tuple[float, ...]
-    classes: tuple[BlockClass, ...]
-    edges_x: tuple[float | None, ...]
-    edges_y: tuple[float | None, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class OpLayout:
-    """Op-level view of one segment instance: every op, by depth and rank within its depth."""
-
-    instance: int
-    ops: tuple[int, ...]
-    x: tuple[float, ...]
-    y: tuple[float, ...]
-    edges: tuple[tuple[int, int], ...]  # (producer position, user position) in `ops`
-
-
-@dataclass
-class LayoutCache:
-    """Layouts by model identity; `builds` counts the layouts actually computed.
-
-    A new analysis of the same model (another mesh of the same size, another platform, a
-    re-run) finds its layouts here; only a model of other ops, blocks or segments lays out.
-    """
-
-    blocks: dict[str, BlockLayout] = field(default_factory=dict)
-    ops: dict[tuple[str, int], OpLayout] = field(default_factory=dict)
-    builds: int = 0
-    _keys: dict[int, tuple[Analysis, str]] = field(default_factory=dict)
-
-    def key(self, analysis: Analysis) -> str:
-        known = self._keys.get(id(analysis))
-        if known is None or known[0] is not analysis:
-            known = (analysis, model_key(analysis))
-            self._keys = {id(analysis): known}  # the current analysis only
-        return known[1]
-
-    def block_layout(self, analysis: Analysis) -> BlockLayout:
-        key = self.key(analysis)
-        if key not in self.blocks:
-            self.blocks[key] = build_block_layout(analysis)
-            self.builds += 1
-        return self.blocks[key]
-
-    def op_layout(self, analysis: Analysis, instance: int) -> OpLayout:
-        key = (self.key(analysis), instance)
-        if key not in self.ops:
-            self.ops[key] = build_op_layout(analysis, instance)
-            self.builds += 1
-        return self.ops[key]
-
-
-def model_key(analysis: Analysis) -> str:
-    """Identity of what the layout depends on: the ops, the blocks and the segments."""
-    hasher = hashlib.sha256()
-    for op in analysis.graph.ops:
-        hasher.update(f"{op.primitive}{op.inputs}{op.outputs}".encode())
-    hasher.update(repr([b.ops for b in analysis.blocks]).encode())
-    hasher.update(repr([(i.unique_id, i.blocks) for i in analysis.segments.instances]).encode())
-    return hasher.hexdigest()[:16]
-
-
-def runs(analysis: Analysis) -> list[list[int]]:
-    """Maximal runs of consecutive instances of one segment type."""
-    out: list[list[int]] = []
-    for instance in analysis.segments.instances:
-        if out and analysis.segments.instances[out[-1][-1]].unique_id == instance.unique_id:
-            out[-1].append(instance.index)
-        else:
-            out.append([instance.index])
-    return out
-
-
-def build_block_layout(analysis: Analysis) -> BlockLayout:
-    segments = analysis.segments
-    classes: dict[tuple[int, int], int] = {}
-    class_list: list[BlockClass] = []
-    bands: list[Band] = []
-    repeated = Counter(u.label for u in segments.unique)
-    node_band: list[int] = []
-    node_position: list[int] = []
-    node_class: list[int] = []
-    xs: list[float] = []
-    cursor = 0.0
-    for run in runs(analysis):
-        first = segments.instances[run[0]]
-        unique = segments.unique[first.unique_id]
-        width = max(len(first.blocks), 1)
-        label = unique.label if len(run) == 1 else f"{unique.label} x {len(run)}"
-        bands.append(Band(first.unique_id, tuple(run), label, cursor - 0.45, cursor + width - 0.55))
-        for position, block in enumerate(first.blocks):
-            key = (first.unique_id, position)
-            if key not in classes:
-                classes[key] = len(class_list)
-                scope = analysis.blocks[block].scope
-                tail = scope.split("/", 1)[1] if "/" in scope else scope
-                name = (
-                    unique.label if repeated[unique.label] == 1 else f"{unique.label}[{unique.id}]"
-                )
-                class_list.append(
-                    BlockClass(
-                        key,
-                        f"{name} #{position} {tail}",
-                        style.block_colour(len(class_list)),
-                        style.block_cue(len(class_list)),
-                    )
-                )
-            node_band.append(len(bands) - 1)
-            node_position.append(position)
-            node_class.append(classes[key])
-            xs.append(cursor + position)
-        cursor += width + 1.0
-    edges_x: list[float | None] = []
-    edges_y: list[float | None] = []
-    for a in range(len(xs) - 1):
-        edges_x += [xs[a], xs[a + 1], None]
-        edges_y += [0.0, 0.0, None]
-    return BlockLayout(
-        bands=tuple(bands),
-        node_band=tuple(node_band),
-        node_position=tuple(node_position),
-        node_class=tuple(node_class),
-        x=tuple(xs),
-        y=tuple(0.0 for _ in xs),
-        classes=tuple(class_list),
-        edges_x=tuple(edges_x),
-        edges_y=tuple(edges_y),
-    )
-
-
-def build_op_layout(analysis: Analysis, index: int) -> OpLayout:
-    graph = analysis.graph
-    ops = analysis.segments.instances[index].ops
-    base = min((graph.ops[o].depth for o in ops), default=0)
-    columns: dict[int, list[int]] = {}
-    for op in ops:
-        columns.setdefault(graph.ops[op].depth - base, []).append(op)
-    where: dict[int, tuple[float, float]] = {}
-    for depth, members in columns.items():
-        for rank, op in enumerate(members):
-            where[op] = (float(depth), rank - (len(members) - 1) / 2)
-    position = {op: k for k, op in enumerate(ops)}
-    edges = []
-    for k, op in enumerate(ops):
-        for vid in graph.ops[op].inputs:
-            producer = graph.values[vid].producer
-            if producer is not None and producer in position:
-                edges.append((position[producer], k))
-    return OpLayout(
-        instance=index,
-        ops=tuple(ops),
-        x=tuple(where[o][0] for o in ops),
-        y=tuple(where[o][1] for o in ops),
-        edges=tuple(edges),
-    )
-
-
-# -- plan-dependent properties (recomputed on every re-solve) ---------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStyle:
-    """What a plan changes about a set of nodes: per node, outline, symbol, text, hover."""
-
-    outline: tuple[str, ...]
-    symbol: tuple[str, ...]
-    text: tuple[str, ...]
-    hover: tuple[str, ...]
-
-
-def strategy_palette(analysis: Analysis) -> dict[str, str]:
-    names: dict[str, None] = {}
-    for block in analysis.blocks:
-        for strategy in block.strategies:
-            names[strategy.name] = None
-    return {name: style.strategy_colour(i) for i, name in enumerate(names)}
-
-
-def block_styles(analysis: Analysis, layout: BlockLayout, choice: Choice | None) -> NodeStyle:
-    palette = strategy_palette(analysis)
-    strategies = choice.strategies if choice is not None else None
-    outline, symbol, text, hover = [], [], [], []
-    for band_index, position in zip(layout.node_band, layout.node_position, strict=True):
-        band = layout.bands[band_index]
-        members = [analysis.segments.instances[i].blocks[position] for i in band.instances]
-        head = analysis.blocks[members[0]]
-        op = analysis.graph.ops[head.head]
-        lines = [
-            f"<b>block {head.index}</b> {esc(head.scope)}"
-            + (f" (+{len(members) - 1} repeats)" if len(members) > 1 else ""),
-            f"head #{op.id} {op.primitive}: {esc(str(op.input_types[0]))} x "
-            f"{esc(str(op.input_types[1]))}",
-            f"{len(head.forward_ops)} forward, {len(head.backward_ops)} backward, "
-            f"{len(head.branch_ops)} branch ops",
-            "strategies: " + ", ".join(s.name for s in head.strategies),
-        ]
-        if strategies is None:
-            outline.append(style.NO_PLAN)
-            symbol.append("circle-open")
-            text.append("")
-            lines.append("no plan")
-        else:
-            chosen = Counter(strategies[b] for b in members)
-            common = chosen.most_common(1)[0][0]
-            outline.append(palette.get(common, style.NO_PLAN))
-            symbol.append(style.strategy_symbol(common))
-            text.append(
-                common if len(chosen) == 1 else " / ".join(f"{n} x{c}" for n, c in chosen.items())
-            )
-            lines.append(
-                "plan: "
-                + ", ".join(
-                    f"{name} on {count} of {len(members)}" for name, count in chosen.items()
-                )
-            )
-        hover.append("<br>".join(lines))
-    return NodeStyle(tuple(outline), tuple(symbol), tuple(text), tuple(hover))
-
-
-def op_styles(
-    analysis: Analysis, layout: OpLayout, choice: Choice | None, plan: Plan | None
-) -> NodeStyle:
-    """`plan` (the document of `choice`) gives the PartitionSpecs; without it, strategies only."""
-    graph = analysis.graph
-    owner = analysis.block_analysis.block_of_op
-    palette = strategy_palette(analysis)
-    documents = plan.document["blocks"] if plan is not None else None
-    parameters = plan.document["parameters"] if plan is not None else {}
-    outline, symbol, text, hover = [], [], [], []
-    for op_id in layout.ops:
-        op = graph.ops[op_id]
-        block = owner[op_id]
-        lines = [
-            f"<b>#{op.id} {op.primitive}</b> [{op.role}] {esc(op.scope or '<root>')}",
-            "in: " + esc(", ".join(map(str, op.input_types))),
-            "out: " + esc(", ".join(map(str, op.output_types))),
-        ]
-        for vid in op.inputs:
-            value = graph.values[vid]
-            if value.path in parameters:
-                spec = style.partition_spec_text(parameters[value.path])
-                lines.append(f"{esc(value.path)}: {spec}")
-        if block is None:
-            lines.append("outside every ParallelBlock: XLA propagates its sharding")
-            outline.append(style.OUTSIDE)
-            symbol.append("circle")
-        elif choice is None:
-            lines.append(f"block {block}; no plan")
-            outline.append(style.NO_PLAN)
-            symbol.append("circle-open")
-        else:
-            strategy = choice.strategies[block]
-            lines.append(f"block {block}: strategy {strategy}")
-            if documents is not None:
-                values = documents[block]["values"]
-                specs = [
-                    style.partition_spec_text(values[str(v)])
-                    for v in op.outputs
-                    if str(v) in values
-                ]
-                lines.append(
-                    "PartitionSpec: "
-                    + (", ".join(specs) if specs else "not constrained: propagated from the block")
-                )
-            outline.append(palette.get(strategy, style.NO_PLAN))
-            symbol.append(style.strategy_symbol(strategy))
-        text.append("")
-        hover.append("<br>".join(lines))
-    return NodeStyle(tuple(outline), tuple(symbol), tuple(text), tuple(hover))
-
+# Nodes from which a view draws with WebGL: below, SVG. Chromium without a GPU draws WebGL in
+# software, slower than SVG for the tens of nodes of the blocks view or a layer's ops.
+WEBGL_FROM = 2000
 
 # -- the figure -------------------------------------------------------------------------------
 
@@ -365,19 +71,36 @@ class GraphView:
         self.level = "blocks"
         self.instance: int | None = None
         self.role_filter = "all"
+        self.search = ""
+        self.collapsed: frozenset[str] = frozenset()
         self.slices: tuple[TraceSlice, ...] = ()
         self.band_trace: int | None = None
+        self.marker_trace: int | None = None
+        self.nodes: OpNodes | None = None  # the ops view's nodes
         self._analysis: Analysis | None = None
+        self._palette: tuple[Analysis | None, dict[str, str]] = (None, {})
+        self._sent: dict[int, dict[str, tuple[Any, ...]]] = {}  # per trace: what the page has
+
+    def names(self, analysis: Analysis) -> tuple[str, ...]:
+        """Each block's role name, unique within its segment (`explain.roles`)."""
+        return self.cache.block_names(analysis)
+
+    def palette(self, analysis: Analysis) -> dict[str, str]:
+        if self._palette[0] is not analysis:
+            self._palette = (analysis, strategy_palette(analysis))
+        return self._palette[1]
 
     # what is shown ---------------------------------------------------------------------------
 
-    def show_blocks(self, analysis: Analysis, choice: Choice | None) -> None:
+    def show_blocks(
+        self, analysis: Analysis, choice: Choice | None, pins: Mapping[int, str] | None = None
+    ) -> None:
         self._analysis = analysis
-        self.level, self.instance = "blocks", None
+        self.level, self.instance, self.nodes = "blocks", None, None
         layout = self.cache.block_layout(analysis)
-        looks = block_styles(analysis, layout, choice)
+        looks = block_styles(analysis, layout, choice, pins, self.palette(analysis))
         traces: list[Any] = [
-            go.Scattergl(
+            go.Scatter(
                 x=list(layout.edges_x),
                 y=list(layout.edges_y),
                 mode="lines",
@@ -394,12 +117,12 @@ class GraphView:
             traces.append(
                 self._node_trace(
                     cls.label, cls.colour, x=layout.x, y=layout.y, nodes=nodes, looks=looks,
-                    size=22, cue=cls.cue,
+                    size=22, cue=cls.cue, gl=False,
                 )
             )  # fmt: skip
         band_x = [(b.x0 + b.x1) / 2 for b in layout.bands]
         traces.append(
-            go.Scattergl(
+            go.Scatter(
                 x=band_x,
                 y=[0.8] * len(band_x),
                 mode="markers+text",
@@ -433,6 +156,7 @@ class GraphView:
         ]
         self._replace(traces, shapes, "ParallelBlocks by segment (click a segment to expand it)")
         self.slices = tuple(slices)
+        self._remember(looks)
 
         def clicked(trace: Any, points: Any, _state: Any) -> None:
             if not points.point_inds:
@@ -449,27 +173,31 @@ class GraphView:
             trace.on_click(clicked)
 
     def show_ops(
-        self, analysis: Analysis, instance: int, choice: Choice | None, plan: Plan | None
+        self,
+        analysis: Analysis,
+        instance: int,
+        choice: Choice | None,
+        plan: Plan | None,
+        pins: Mapping[int, str] | None = None,
     ) -> None:
         self._analysis = analysis
         self.level, self.instance = "ops", instance
         layout = self.cache.op_layout(analysis, instance)
-        looks = op_styles(analysis, layout, choice, plan)
-        graph = analysis.graph
-        wanted = [
-            k
-            for k, op in enumerate(layout.ops)
-            if self.role_filter == "all" or graph.ops[op].role is Role(self.role_filter)
-        ]
-        shown = set(wanted)
+        nodes = op_nodes(analysis, layout, self.role_filter, self.collapsed, self.search)
+        self.nodes = nodes
+        looks = merged(
+            op_styles(analysis, layout, choice, plan, pins=pins, palette=self.palette(analysis)),
+            nodes,
+            layout,
+        )
         ex: list[float | None] = []
         ey: list[float | None] = []
-        for a, b in layout.edges:
-            if a in shown and b in shown:
-                ex += [layout.x[a], layout.x[b], None]
-                ey += [layout.y[a], layout.y[b], None]
+        for a, b in nodes.edges:
+            ex += [nodes.x[a], nodes.x[b], None]
+            ey += [nodes.y[a], nodes.y[b], None]
+        gl = len(nodes.members) >= WEBGL_FROM
         traces: list[Any] = [
-            go.Scattergl(
+            (go.Scattergl if gl else go.Scatter)(
                 x=ex, y=ey, mode="lines", line={"color": "#CCCCCC", "width": 0.5},
                 hoverinfo="skip", showlegend=False, name="edges",
             )
@@ -480,54 +208,159 @@ class GraphView:
         position_of = {b: p for p, b in enumerate(instance_doc.blocks)}
         class_of = {cls.key: i for i, cls in enumerate(block_layout.classes)}
         groups: dict[int, list[int]] = {}
-        for k in wanted:
-            block = owner[layout.ops[k]]
+        for n, members in enumerate(nodes.members):
+            blocks = {owner[layout.ops[k]] for k in members}
+            block = blocks.pop() if len(blocks) == 1 else None
             key = -1
             if block is not None and block in position_of:
                 key = class_of.get((instance_doc.unique_id, position_of[block]), -1)
-            groups.setdefault(key, []).append(k)
+            if nodes.labels[n]:
+                key = -2  # collapsed scopes: a trace of their own
+            groups.setdefault(key, []).append(n)
         slices = []
         for key in sorted(groups):
-            nodes = tuple(groups[key])
-            if key < 0:
+            group = tuple(groups[key])
+            if key == -2:
+                name, colour, cue = "collapsed scopes", "#FFFFFF", ""
+            elif key == -1:
                 name, colour, cue = "outside blocks", style.OUTSIDE, ""
             else:
                 cls = block_layout.classes[key]
                 name, colour, cue = cls.label, cls.colour, cls.cue
-            slices.append(TraceSlice(len(traces), nodes, cue))
-            traces.append(
-                self._node_trace(
-                    name, colour, x=layout.x, y=layout.y, nodes=nodes, looks=looks, size=8,
-                    cue=cue,
-                )
+            slices.append(TraceSlice(len(traces), group, cue))
+            trace = self._node_trace(
+                name, colour, x=nodes.x, y=nodes.y, nodes=group, looks=looks,
+                size=14 if key == -2 else 8, cue=cue, gl=gl,
             )  # fmt: skip
-        label = analysis.segments.instances[instance].label
-        self._replace(
-            traces, [], f"{label}: {len(wanted)} ops ({self.role_filter}); coloured by block"
-        )
+            if key == -2:
+                trace.mode = "markers+text"
+            if self.search:
+                trace.marker.opacity = [1.0 if nodes.found[n] else 0.15 for n in group]
+            traces.append(trace)
+        label = instance_doc.label
+        found = sum(nodes.found) if self.search else 0
+        title = f"{label}: {sum(len(m) for m in nodes.members)} ops ({self.role_filter})"
+        if self.collapsed:
+            title += f", {len(self.collapsed)} scope(s) collapsed"
+        if self.search:
+            title += f"; {found} match “{self.search}”"
+        self._replace(traces, [], title + "; coloured by block")
         self.slices = tuple(slices)
         self.band_trace = None
+        self._remember(looks)
 
-    def restyle(self, choice: Choice | None, plan: Plan | None = None) -> None:
-        """Only the plan-dependent properties change: positions and traces stay."""
+    def restyle(
+        self, choice: Choice | None, plan: Plan | None = None, pins: Mapping[int, str] | None = None
+    ) -> None:
+        """Only the plan-dependent properties change, and only those that did are sent."""
         analysis = self._analysis
         if analysis is None:
             return
+        palette = self.palette(analysis)
         if self.level == "blocks":
-            looks = block_styles(analysis, self.cache.block_layout(analysis), choice)
+            looks = block_styles(analysis, self.cache.block_layout(analysis), choice, pins, palette)
         else:
-            assert self.instance is not None
+            assert self.instance is not None and self.nodes is not None
             layout = self.cache.op_layout(analysis, self.instance)
-            looks = op_styles(analysis, layout, choice, plan)
+            looks = merged(
+                op_styles(analysis, layout, choice, plan, pins=pins, palette=palette),
+                self.nodes,
+                layout,
+            )
+        changed = {}
+        for s in self.slices:
+            new = self._properties(looks, s)
+            if new != self._sent.get(s.trace):
+                changed[s.trace] = {
+                    "marker.line.color": new["outline"],
+                    "marker.symbol": new["symbol"],
+                    "text": new["text"],
+                    "hovertext": new["hover"],
+                }
+                self._sent[s.trace] = new
+        style.send(self.figure, changed)
+
+    def show_markers(self, markers: Sequence[BlockMarker]) -> None:
+        """One marker per block node for the collectives the block makes XLA emit, sized by
+        their time (the explanation of the plan shown); none to remove them."""
+        analysis = self._analysis
+        xs: list[float] = []
+        ys: list[float] = []
+        sizes: list[float] = []
+        hover: list[str] = []
+        if analysis is not None and markers:
+            by_block = {m.block: m for m in markers}
+            largest = max(m.time_us for m in markers) or 1.0
+            for x, y, found in self._marker_places(analysis, by_block):
+                total = sum(m.time_us for m in found)
+                xs.append(x)
+                ys.append(y)
+                sizes.append(8 + 22 * (total / largest) ** 0.5)
+                text = found[0].hover
+                if len(found) > 1:
+                    text += f"<br>({len(found)} blocks here: {total:.1f} us in all)"
+                hover.append(text)
         with self.figure.batch_update():
-            for s in self.slices:
-                trace = self.figure.data[s.trace]
-                trace.marker.line.color = [looks.outline[n] for n in s.nodes]
-                trace.marker.symbol = [looks.symbol[n] + s.cue for n in s.nodes]
-                trace.text = [looks.text[n] for n in s.nodes]
-                trace.hovertext = [looks.hover[n] for n in s.nodes]
+            if self.marker_trace is None:
+                if not xs:
+                    return
+                self.figure.add_trace(
+                    go.Scatter(
+                        name="collectives (size: time)",
+                        mode="markers",
+                        marker={
+                            "symbol": "diamond", "color": "#B00020", "line": {"width": 0},
+                        },
+                        hoverinfo="text",
+                    )
+                )  # fmt: skip
+                self.marker_trace = len(self.figure.data) - 1
+            trace = self.figure.data[self.marker_trace]
+            trace.x, trace.y, trace.hovertext = xs, ys, hover
+            trace.marker.size = sizes
 
     # helpers ---------------------------------------------------------------------------------
+
+    def _marker_places(
+        self, analysis: Analysis, by_block: Mapping[int, BlockMarker]
+    ) -> list[tuple[float, float, list[BlockMarker]]]:
+        """Where each block's marker goes: above its node (blocks view: every repeat of the
+        band's position on one node), on its head op's node (ops view)."""
+        places = []
+        if self.level == "blocks":
+            layout = self.cache.block_layout(analysis)
+            for n, (band, position) in enumerate(
+                zip(layout.node_band, layout.node_position, strict=True)
+            ):
+                members = [
+                    analysis.segments.instances[i].blocks[position]
+                    for i in layout.bands[band].instances
+                ]
+                found = [by_block[b] for b in members if b in by_block]
+                if found:
+                    places.append((layout.x[n], layout.y[n] + 0.4, found))
+        elif self.nodes is not None and self.instance is not None:
+            ops = self.cache.op_layout(analysis, self.instance).ops
+            node_of = {k: n for n, members in enumerate(self.nodes.members) for k in members}
+            index_of = {op: k for k, op in enumerate(ops)}
+            for block in analysis.segments.instances[self.instance].blocks:
+                k = index_of.get(analysis.blocks[block].head)
+                if block in by_block and k in node_of:
+                    n = node_of[k]
+                    places.append((self.nodes.x[n], self.nodes.y[n] + 0.4, [by_block[block]]))
+        return places
+
+    @staticmethod
+    def _properties(looks: NodeStyle, s: TraceSlice) -> dict[str, tuple[Any, ...]]:
+        return {
+            "outline": tuple(looks.outline[n] for n in s.nodes),
+            "symbol": tuple(looks.symbol[n] + s.cue for n in s.nodes),
+            "text": tuple(looks.text[n] for n in s.nodes),
+            "hover": tuple(looks.hover[n] for n in s.nodes),
+        }
+
+    def _remember(self, looks: NodeStyle) -> None:
+        self._sent = {s.trace: self._properties(looks, s) for s in self.slices}
 
     @staticmethod
     def _node_trace(
@@ -540,11 +373,12 @@ class GraphView:
         looks: NodeStyle,
         size: int,
         cue: str = "",
+        gl: bool = False,
     ) -> Any:
-        return go.Scattergl(
+        return (go.Scattergl if gl else go.Scatter)(
             x=[x[n] for n in nodes],
             y=[y[n] for n in nodes],
-            mode="markers+text" if size > 10 else "markers",
+            mode="markers+text" if size > 16 else "markers",
             name=name,
             text=[looks.text[n] for n in nodes],
             textposition="bottom center",
@@ -567,9 +401,11 @@ class GraphView:
             self.figure.add_traces(traces)
             self.figure.layout.shapes = shapes
             self.figure.layout.title = style.title(title, size=13)
+        self.marker_trace = None
 
     def clear(self, title: str) -> None:
         """Nothing to show (a run that did not finish, with nothing before it)."""
         self._analysis = None
-        self.slices, self.band_trace = (), None
+        self.slices, self.band_trace, self.nodes = (), None, None
         self._replace([], [], title)
+        self._sent = {}

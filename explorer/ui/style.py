@@ -144,3 +144,27 @@ def title(text: str, size: int = 12) -> dict[str, Any]:
         "y": 0.99,
         "yanchor": "top",
     }
+
+
+def send(
+    figure: Any,
+    restyle: dict[int, dict[str, Any]],
+    relayout: dict[str, Any] | None = None,
+) -> None:
+    """A re-solve's changes to one figure as one `plotly_update` message.
+
+    Setting trace properties one by one runs plotly's validators on every array and sends a
+    message per property; on a slider step that is most of the kernel's time. The views send
+    here only values they built from closed sets (colours, symbols, numbers, text), per trace
+    the same keys (`restyle[trace][key]`), so one unvalidated update is safe.
+    """
+    traces = sorted(t for t, props in restyle.items() if props)
+    keys = sorted({k for t in traces for k in restyle[t]})
+    if any(set(restyle[t]) != set(keys) for t in traces):
+        raise ValueError(f"send: every trace needs the same keys {keys}")
+    data = {k: [list(restyle[t][k]) for t in traces] for k in keys}
+    if not data and not relayout:
+        return
+    figure.plotly_update(
+        restyle_data=data or None, relayout_data=relayout or None, trace_indexes=traces or None
+    )
