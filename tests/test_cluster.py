@@ -76,6 +76,14 @@ def test_the_hosts_jax_names_as_lost_are_read_from_its_fatal_log() -> None:
     )
     assert lost_processes(fatal) == [2]
     assert lost_processes("RPC: /xla.coordination.CoordinationService/RegisterTask") == []
+    # as a survivor whose all-gather broke on the dead host's socket first says it (CI, JAX 0.10)
+    barrier = (
+        "JaxRuntimeError: UNKNOWN: Gloo AllGather failed: Read error [127.0.0.1]:24756: "
+        "Connection reset by peer\nINTERNAL: Shutdown barrier has failed. Barrier result: "
+        "'INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 2 heartbeat "
+        "timeout. This indicates that the remote task has failed"
+    )
+    assert lost_processes(barrier) == [2]
 
 
 # -- real processes ----------------------------------------------------------------------------

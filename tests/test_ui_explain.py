@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from helpers import SHARED_CACHE
 pytest.importorskip("ipywidgets", reason="the ui extra is not installed")
 pytest.importorskip("plotly", reason="the ui extra is not installed")
 
+import explorer.explain as explain_module
 from explorer.explain import attribute, counterfactuals, plan_diff
 from explorer.ui import Explorer
 from explorer.ui.explain_tables import COLLECTIVE_ROWS
@@ -114,7 +116,9 @@ def test_explain_draws_the_engines_attribution_counterfactuals_and_diff(app: Exp
     assert f"{len(diff.blocks)} blocks" in shown
 
 
-def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(app: Explorer) -> None:
+def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(
+    app: Explorer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app.budget_w.value = 0
     _explain(app)
     assert app.explain_view.data is not None and len(_markers(app).x)
@@ -122,16 +126,26 @@ def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(app: Exp
     assert app.explain_view.data is None and app.explain_view.collectives_w.value == ""
     assert "plan changed" in app.explain_view.status_w.value
     assert len(_markers(app).x) == 0
-    # a slider move while an explanation compiles (a whole-step compile takes seconds): its
-    # result never shows
+    # a slider move while an explanation compiles: its result never shows. The real attribution
+    # runs, held at its start until the slider has moved (a fast machine compiles the tiny step
+    # before the slider's redraw ends, and the race would not happen)
+    slider_moved = threading.Event()
+    real_attribute = explain_module.attribute
+
+    def attribute_after_the_slider_moved(*args: Any, **kwargs: Any) -> Any:
+        assert slider_moved.wait(TIMEOUT_S)
+        return real_attribute(*args, **kwargs)
+
+    monkeypatch.setattr(explain_module, "attribute", attribute_after_the_slider_moved)
     app.budget_w.value = 0
     app.explain_view.explain_w.click()
     worker = app.explain_view.worker
     assert worker is not None
     app.budget_w.value = app.budget_w.max  # the slider stays live meanwhile
-    assert worker.is_alive(), "the explanation finished before the slider moved: no race"
-    assert app.choice is not None
+    assert worker.is_alive() and app.choice is not None
+    slider_moved.set()
     worker.join(TIMEOUT_S)
+    assert not worker.is_alive()
     assert app.explain_view.data is None and app.explain_view.counterfactuals_w.value == ""
     assert app.graph.marker_trace is None or len(_markers(app).x) == 0
 

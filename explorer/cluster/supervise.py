@@ -169,7 +169,11 @@ def _forward_stderr(stream: IO[bytes] | None, watch: _Watch) -> None:
 
 
 def lost_processes(text: str) -> list[int]:
-    """The process ids JAX's coordination service names as having stopped heartbeats."""
+    """The process ids JAX's coordination service names as having stopped heartbeats.
+
+    JAX says it two ways: the coordinator lists the unhealthy tasks one id per line, and a host
+    whose own collective broke first reports the shutdown barrier's "Task N heartbeat timeout".
+    """
     found: list[int] = []
     marker = "stopped sending heartbeats"
     lines = text.splitlines()
@@ -181,6 +185,10 @@ def lost_processes(text: str) -> list[int]:
             if not ids or not re.fullmatch(r"[\d,\s]+", following.strip()):
                 break
             found += [int(x) for x in ids if int(x) not in found]
+    # a survivor whose collective failed first hears it from the shutdown barrier instead
+    for task in re.findall(r"Task (\d+) heartbeat timeout", text):
+        if int(task) not in found:
+            found.append(int(task))
     return found
 
 
