@@ -4,7 +4,8 @@ Compiling a paper-scale step under a plan takes about a minute on a CPU core; a 
 evaluates the same plans again on every run. A store keeps each evaluation under a digest of
 what decides the compiled program (the plan's layouts, model fingerprint and mesh, not its
 predictions or platform), how programs are built (`PROGRAM_VERSION`), the JAX version and the
-platform that priced it. `evaluate_on` consults the store `evaluations_kept_in` made active;
+platform that priced it, by its content (`platform_key`): a scaled or calibrated platform
+never reads the evaluations of the platform it was made from. `evaluate_on` consults the store `evaluations_kept_in` made active;
 without one it compiles every time, as before.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 # what a plan document holds about its pricing, not about the program it compiles to
 PRICING_FIELDS = frozenset(
-    {"source", "platform", "backend", "predicted", "segments", "ilp", "versions"}
+    {"source", "platform", "platform_spec", "backend", "predicted", "segments", "ilp", "versions"}
 )
 
 _ACTIVE: dict[str, Any] = {"store": None}
@@ -34,6 +35,13 @@ def layout_digest(document: dict[str, Any]) -> str:
     """A digest of what decides a plan's compiled program: its layouts, not its pricing."""
     kept = {k: v for k, v in document.items() if k not in PRICING_FIELDS}
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()
+
+
+def platform_key(platform_json: dict[str, Any]) -> str:
+    """A platform as the store knows it: its name (to read) and a digest of its figures (what
+    decides the pricing; a platform renamed or rescaled is another platform)."""
+    digest = hashlib.sha256(json.dumps(platform_json, sort_keys=True).encode()).hexdigest()
+    return f"{platform_json.get('name', '?')}@{digest[:16]}"
 
 
 class EvaluationStore:

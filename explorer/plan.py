@@ -19,14 +19,14 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 
 from explorer import _jax_compat as jc
 from explorer.blocks import build_blocks
 from explorer.errors import MeshError, PlanError
-from explorer.evaluation_store import active_store, layout_digest
+from explorer.evaluation_store import active_store, layout_digest, platform_key
 from explorer.ir import (
     BlockAnalysis,
     Config,
@@ -45,6 +45,12 @@ from explorer.realize import realize
 from explorer.segments import build_segments
 from explorer.space import build_space, shardings
 from explorer.trace import trace
+
+if TYPE_CHECKING:
+    from explorer.platforms import Platform, PlatformLike
+
+# what `evaluate_on` is given per platform, and keys its answers by
+PlatformKey = TypeVar("PlatformKey", bound="Platform | str | Path")
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "assets" / "plan.schema.json"
@@ -78,6 +84,29 @@ class Plan:
     def mesh(self) -> MeshSpec:
         mesh = self.document["mesh"]
         return MeshSpec(tuple(zip(mesh["axes"], mesh["shape"], strict=True)))
+
+    @property
+    def platform(self) -> Platform:
+        """The platform the plan was priced on, as the plan records it (`platform_spec`): a
+        scaled or calibrated platform too. A plan written before platforms were recorded in
+        full names a preset only; a name that is no preset is an error, never a file read."""
+        from explorer.platforms import PlatformError, list_platforms, load_platform
+        from explorer.platforms import platform_from_json
+
+        spec = self.document.get("platform_spec")
+        if spec is not None:
+            try:
+                return platform_from_json(spec)
+            except PlatformError as err:
+                raise PlanError(f"field 'platform_spec': {err}") from None
+        name = self.document["platform"]
+        if name not in list_platforms():
+            raise PlanError(
+                f"field 'platform_spec': expected the platform the plan was priced on, found "
+                f"it missing and 'platform' {name!r}, which is no preset "
+                f"({list_platforms()}); re-export the plan with this explorer"
+            )
+        return load_platform(name)
 
     @property
     def strategies(self) -> tuple[str, ...]:
@@ -151,7 +180,7 @@ def make_plan(
     segments: Sequence[dict[str, Any]],
     config: Config,
     mesh: MeshSpec,
-    platform: str,
+    platform: PlatformLike,
     backend: str,
     time: float,
     memory: int,
@@ -210,7 +239,7 @@ def make_layout_plan(
     blocks: BlockAnalysis,
     segmentation: Segmentation,
     mesh: MeshSpec,
-    platform: str,
+    platform: PlatformLike,
     backend: str,
     time: float,
     memory: int,
@@ -288,7 +317,7 @@ def _finish(
     source: str,
     graph: Graph,
     mesh: MeshSpec,
-    platform: str,
+    platform: PlatformLike,
     backend: str,
     segments: Sequence[dict[str, Any]],
     block_docs: list[dict[str, Any]],
@@ -300,13 +329,17 @@ def _finish(
     extra: dict[str, Any] | None = None,
 ) -> Plan:
     from explorer import __version__
+    from explorer.platforms import resolve_platform
 
+    priced_on = resolve_platform(platform)
     document = {
         "schema_version": SCHEMA_VERSION,
         "source": source,
         "mesh": {"axes": list(mesh.names), "shape": list(mesh.shape)},
         "device_count": mesh.size,
-        "platform": platform,
+        "platform": priced_on.name,
+        # in full: a scaled or calibrated platform has no file a name could be resolved to
+        "platform_spec": priced_on.to_json(),
         "backend": backend,
         "model_fingerprint": model_fingerprint(graph),
         "segments": list(segments),
@@ -371,6 +404,16 @@ def _check_consistent(document: dict[str, Any], where: str) -> None:
             f"found {document['device_count']}; the file was edited or damaged, re-export "
             "the plan"
         )
+    if "platform_spec" in document:
+        try:
+            recorded = Plan(document).platform
+        except PlanError as err:  # named the field; the file is named here
+            raise PlanError(f"{where}: {err}") from None
+        if recorded.name != document["platform"]:
+            raise PlanError(
+                f"{where}: field 'platform': expected {recorded.name!r}, the name of the "
+                f"platform in 'platform_spec', found {document['platform']!r}"
+            )
     layouts = [(f"parameters.{k}", v) for k, v in document["parameters"].items()]
     for block in document["blocks"]:
         layouts += [(f"blocks.{block['index']}.values.{k}", v) for k, v in block["values"].items()]
@@ -638,9 +681,10 @@ class Evaluation:
 
 
 def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
-    """Ground truth for a plan: compile the whole step and price it with the same backend."""
+    """Ground truth for a plan: compile the whole step and price it with the same backend,
+    on the platform the plan records (never a platform looked up again by its name)."""
     _check_plan_and_step(plan, step, "evaluate")
-    platform = plan.document["platform"]
+    platform = plan.platform
     return evaluate_on(plan, [platform], step, *args)[platform]
 
 
@@ -674,16 +718,17 @@ def lower_step(plan: Plan, step: Callable[..., Any], args: tuple[Any, ...]) -> L
 
 def evaluate_on(
     plan: Plan,
-    platforms: Sequence[str],
+    platforms: Sequence[PlatformKey],
     step: Callable[..., Any],
     *args: Any,
     backend: str = "compiled",
-) -> dict[str, Evaluation]:
-    """`evaluate` priced on each of `platforms` (names or files) from one compilation: the
-    compiled program does not depend on the platform, only its pricing does. With
-    `backend="measured"` the step runs on the devices JAX sees and is timed instead (the
-    platform then only splits the time into communication and computation)."""
-    from explorer.platforms import load_platform
+) -> dict[PlatformKey, Evaluation]:
+    """`evaluate` priced on each of `platforms` (`Platform` objects, preset names or files),
+    from one compilation: the compiled program does not depend on the platform, only its
+    pricing does. The answer is keyed by what was given. With `backend="measured"` the step
+    runs on the devices JAX sees and is timed instead (the platform then only splits the time
+    into communication and computation)."""
+    from explorer.platforms import resolve_platform
     from explorer.profile.backends import (
         Backend,
         ProgramProfile,
@@ -695,7 +740,8 @@ def evaluate_on(
     )
 
     kind = Backend(backend)
-    kept = _kept_evaluations(plan, platforms) if kind is Backend.COMPILED else None
+    targets = {given: resolve_platform(given, "evaluate_on: platforms") for given in platforms}
+    kept = _kept_evaluations(plan, targets) if kind is Backend.COMPILED else None
     if kept is not None:  # every platform's evaluation of this program is in the store
         return kept
     step_under = lower_step(plan, step, args)
@@ -713,9 +759,9 @@ def evaluate_on(
             return price_compiled(text, platform, plan.mesh)
 
     out = {}
-    for name in platforms:
-        priced = price(load_platform(name))
-        out[name] = Evaluation(
+    for given, platform in targets.items():
+        priced = price(platform)
+        out[given] = Evaluation(
             time=priced.t_comm + priced.t_comp,
             t_comm=priced.t_comm,
             t_comp=priced.t_comp,
@@ -727,8 +773,8 @@ def evaluate_on(
         )
     store = active_store()
     if store is not None and kind is Backend.COMPILED:
-        for name, evaluation in out.items():
-            store.put(_program_digest(plan), str(name), evaluation)
+        for given, evaluation in out.items():
+            store.put(_program_digest(plan), platform_key(targets[given].to_json()), evaluation)
     return out
 
 
@@ -739,14 +785,16 @@ def _program_digest(plan: Plan) -> str:
     return f"{layout_digest(plan.document)}:{PROGRAM_VERSION}:jax-{jax.__version__}"
 
 
-def _kept_evaluations(plan: Plan, platforms: Sequence[str]) -> dict[str, Evaluation] | None:
-    """The store's evaluations of `plan` on every one of `platforms`, or None (compile)."""
+def _kept_evaluations(
+    plan: Plan, targets: Mapping[PlatformKey, Platform]
+) -> dict[PlatformKey, Evaluation] | None:
+    """The store's evaluations of `plan` on every one of `targets`, or None (compile)."""
     store = active_store()
     if store is None:
         return None
     found = {}
-    for name in platforms:
-        fields = store.get(_program_digest(plan), str(name))
+    for given, platform in targets.items():
+        fields = store.get(_program_digest(plan), platform_key(platform.to_json()))
         if fields is None:
             return None
         try:
@@ -754,7 +802,7 @@ def _kept_evaluations(plan: Plan, platforms: Sequence[str]) -> dict[str, Evaluat
                 (kind, int(nbytes), tuple(axes), int(group))
                 for kind, nbytes, axes, group in fields["emitted"]
             )
-            found[name] = Evaluation(**fields)
+            found[given] = Evaluation(**fields)
         except (KeyError, TypeError, ValueError):  # a row of another shape: compile again
             return None
     return found

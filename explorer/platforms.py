@@ -680,6 +680,18 @@ def load_platform(name_or_path: str | Path) -> Platform:
     return platform_from_json(data, str(path))
 
 
+def resolve_platform(platform: Any, field: str = "platform") -> Platform:
+    """`platform` as a `Platform`: one given stands, a preset name or a file is loaded."""
+    if isinstance(platform, Platform):
+        return platform
+    if isinstance(platform, (str, Path)):
+        return load_platform(platform)
+    raise PlatformError(
+        f"{field}: expected a Platform (explorer.platforms.load_platform), a preset name or the "
+        f"path of a platform JSON file, found {type(platform).__name__} {platform!r}"
+    )
+
+
 def save_platform(platform: Platform, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
