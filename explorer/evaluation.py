@@ -1,0 +1,170 @@
+"""Evaluation: the whole step compiled under a plan and priced on a platform, the ground truth
+predictions are judged on. One compilation prices on any number of platforms (the compiled
+program does not depend on the platform); an active `EvaluationStore` keeps evaluations
+across runs, keyed by the program and the platform's content.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import jax
+
+from explorer import _jax_compat as jc
+from explorer.evaluation_store import active_store, layout_digest, platform_key
+from explorer.ir import Graph, ShardingAssignment
+from explorer.mesh import make_mesh
+from explorer.plan_document import Plan, _check_plan_and_step
+from explorer.realize import realize
+
+if TYPE_CHECKING:
+    from explorer.platforms import Platform
+
+# what `evaluate_on` is given per platform, and keys its answers by
+PlatformKey = TypeVar("PlatformKey", bound="Platform | str | Path")
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """The whole step compiled under a plan and priced on the plan's platform."""
+
+    time: float
+    t_comm: float
+    t_comp: float
+    memory: int
+    collectives: int
+    # (kind, bytes, mesh axes, group size) of every collective the compiled step emits
+    emitted: tuple[tuple[str, int, tuple[str, ...], int], ...] = ()
+
+
+def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
+    """Ground truth for a plan: compile the whole step and price it with the same backend,
+    on the platform the plan records (never a platform looked up again by its name)."""
+    _check_plan_and_step(plan, step, "evaluate")
+    platform = plan.platform
+    return evaluate_on(plan, [platform], step, *args)[platform]
+
+
+@dataclass(frozen=True)
+class LoweredStep:
+    """The training step lowered under a plan, as `evaluate_on` compiles it."""
+
+    graph: Graph
+    assignment: ShardingAssignment
+    realised: Any
+    leaves: tuple[Any, ...]  # flat abstract inputs, so `measure` builds one array per leaf
+    lowered: Any
+
+
+def lower_step(plan: Plan, step: Callable[..., Any], args: tuple[Any, ...]) -> LoweredStep:
+    """`step` configured by `plan`, realised and lowered from abstract inputs."""
+    from explorer.plan import _configure  # applying a plan; it re-exports this module
+
+    graph, assignment = _configure(plan, step, args)
+    # unrolled (realize's default): XLA's cost analysis counts a while loop's body once,
+    # not once per trip, so only the unrolled step prices as the scan runs.
+    # donated as a training loop donates: the step holds its parameters and optimizer state
+    # once, which is what the composed memory predicts
+    realised = realize(graph, assignment, make_mesh(plan.mesh), donate=True)
+    abstract = jax.tree_util.tree_map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
+    )
+    leaves = tuple(jax.tree_util.tree_leaves(abstract))
+    with jc.random_bits_as_accelerators_lower():  # as the platform priced lowers them
+        lowered = realised.flat_fn.lower(*leaves)
+    return LoweredStep(graph, assignment, realised, leaves, lowered)
+
+
+def evaluate_on(
+    plan: Plan,
+    platforms: Sequence[PlatformKey],
+    step: Callable[..., Any],
+    *args: Any,
+    backend: str = "compiled",
+) -> dict[PlatformKey, Evaluation]:
+    """`evaluate` priced on each of `platforms` (`Platform` objects, preset names or files),
+    from one compilation: the compiled program does not depend on the platform, only its
+    pricing does. The answer is keyed by what was given. With `backend="measured"` the step
+    runs on the devices JAX sees and is timed instead (the platform then only splits the time
+    into communication and computation)."""
+    from explorer.platforms import resolve_platform
+    from explorer.profile.backends import (
+        Backend,
+        ProgramProfile,
+        compile_program,
+        compile_to_text,
+        compile_workers,
+        measure,
+        price_compiled,
+    )
+
+    kind = Backend(backend)
+    targets = {given: resolve_platform(given, "evaluate_on: platforms") for given in platforms}
+    kept = _kept_evaluations(plan, targets) if kind is Backend.COMPILED else None
+    if kept is not None:  # every platform's evaluation of this program is in the store
+        return kept
+    step_under = lower_step(plan, step, args)
+    realised, leaves, lowered = step_under.realised, step_under.leaves, step_under.lowered
+    price: Callable[[Any], ProgramProfile]
+    if kind is Backend.MEASURED:
+        executable = compile_program(lowered, kind)
+
+        def price(platform: Any) -> ProgramProfile:
+            return measure(executable, tuple(leaves), platform, plan.mesh, donated=realised.donated)
+    else:
+        text = compile_to_text(lowered, compile_workers(kind, 1))
+
+        def price(platform: Any) -> ProgramProfile:
+            return price_compiled(text, platform, plan.mesh)
+
+    out = {}
+    for given, platform in targets.items():
+        priced = price(platform)
+        out[given] = Evaluation(
+            time=priced.t_comm + priced.t_comp,
+            t_comm=priced.t_comm,
+            t_comp=priced.t_comp,
+            memory=priced.memory,
+            collectives=len(priced.collectives),
+            emitted=tuple(
+                (c.kind.value, c.nbytes, c.axes, c.group_size) for c in priced.collectives
+            ),
+        )
+    store = active_store()
+    if store is not None and kind is Backend.COMPILED:
+        for given, evaluation in out.items():
+            store.put(_program_digest(plan), platform_key(targets[given].to_json()), evaluation)
+    return out
+
+
+def _program_digest(plan: Plan) -> str:
+    """What decides the compiled step: the plan's layouts, how programs are built, JAX."""
+    from explorer.profile.runner import PROGRAM_VERSION
+
+    return f"{layout_digest(plan.document)}:{PROGRAM_VERSION}:jax-{jax.__version__}"
+
+
+def _kept_evaluations(
+    plan: Plan, targets: Mapping[PlatformKey, Platform]
+) -> dict[PlatformKey, Evaluation] | None:
+    """The store's evaluations of `plan` on every one of `targets`, or None (compile)."""
+    store = active_store()
+    if store is None:
+        return None
+    found = {}
+    for given, platform in targets.items():
+        fields = store.get(_program_digest(plan), platform_key(platform.to_json()))
+        if fields is None:
+            return None
+        try:
+            fields["emitted"] = tuple(
+                (kind, int(nbytes), tuple(axes), int(group))
+                for kind, nbytes, axes, group in fields["emitted"]
+            )
+            found[given] = Evaluation(**fields)
+        except (KeyError, TypeError, ValueError):  # a row of another shape: compile again
+            return None
+    return found
