@@ -5,8 +5,8 @@ evaluates the same plans again on every run. A store keeps each evaluation under
 what decides the compiled program (the plan's layouts, model fingerprint and mesh, not its
 predictions or platform), how programs are built (`PROGRAM_VERSION`), the JAX version and the
 platform that priced it, by its content (`platform_key`): a scaled or calibrated platform
-never reads the evaluations of the platform it was made from. `evaluate_on` consults the store `evaluations_kept_in` made active;
-without one it compiles every time, as before.
+never reads the evaluations of the platform it was made from. `evaluate_on` consults the
+store `evaluations_kept_in` made active; without one it compiles every time, as before.
 """
 
 from __future__ import annotations
