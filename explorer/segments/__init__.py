@@ -17,6 +17,10 @@ though it reads the previous iteration's residual) stay in its own segment, ops 
 scan never join one, and the updates of the parameters the scan reads (stacked, one slice per
 iteration) form segments of their own, one per block deciding their layout. Every iteration
 then holds the same ops, so the program count does not grow with the scan's length.
+
+Modules: `build` (the cut that wins, typed and bounded), `scopes` and `structure` (the two
+cuts), `cover` (tandem repeats, cuts under the cap), `loops` (scans), `assign` (backward and
+optimizer ops), `fingerprints`, `boundaries`, `count` (Eq. 7 and the profiling budget).
 """
 
 from explorer.segments.build import build_segments
