@@ -22,12 +22,15 @@ def test_only_jax_compat_touches_jax_internals() -> None:
     import explorer
 
     root = Path(explorer.__file__).parent
+    quarantine = root / "_jax_compat"
     offenders = [
         str(path.relative_to(root))
         for path in root.rglob("*.py")
-        if path.name != "_jax_compat.py" and "jax._src" in path.read_text()
+        if quarantine not in path.parents and "jax._src" in path.read_text()
     ]
     assert offenders == []
+    # the check means something only while the quarantine is where it is looked for
+    assert any("jax._src" in path.read_text() for path in quarantine.glob("*.py"))
 
 
 def test_the_plan_does_not_import_the_alpa_baseline() -> None:

@@ -51,9 +51,11 @@ def _code_digest() -> str:
     which may have changed on disk since this process imported it (an upgrade, an edit)."""
     from explorer import _jax_compat
 
-    digest = hashlib.sha256()
-    for path in (__file__, _jax_compat.__file__):
-        digest.update(Path(path).read_bytes())
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    # every module of the package a worker compiles with, by name so that a move shows too
+    for path in sorted(Path(_jax_compat.__file__).parent.glob("*.py")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 

@@ -1,0 +1,121 @@
+"""Re-executing a `FlatProgram` primitive by primitive, unrolled or with its scans kept."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+from jax._src import source_info_util
+
+from explorer._jax_compat.program import FlatProgram, LoopRegion
+
+
+def evaluate(
+    program: FlatProgram,
+    args: Sequence[Any],
+    on_value: Callable[[int, Any], Any] | None = None,
+    on_operand: Callable[[int, int, Any], Any] | None = None,
+    *,
+    keep_loops: bool = False,
+) -> list[Any]:
+    """Re-execute a flat program by binding each primitive in order.
+
+    `on_value(value_id, array)` may return a replacement for an op result (e.g. the array
+    with a sharding constraint); `on_operand(eqn_index, position, array)` may replace what one
+    op reads without changing what other readers see.
+
+    With `keep_loops`, each unrolled scan (`program.loops`) runs as a `jax.lax.scan` again:
+    its body is the first iteration's equations, with that iteration's hooks (value ids and
+    equation indices), so every iteration takes the first one's layouts. Without it the
+    program runs unrolled: that is what whole-step pricing and segment programs compile,
+    because XLA's cost analysis counts a while loop's body once, not once per trip.
+    """
+    env: dict[int, Any] = dict(program.constants)
+    env.update(zip(program.invars, args, strict=True))
+    runner = _Runner(program, on_value, on_operand, keep_loops)
+    runner.run(0, len(program.eqns), env, depth=0)
+    return [env[v] for v in program.outvars]
+
+
+class _Runner:
+    """Binds a range of a flat program's equations into an environment of value ids."""
+
+    def __init__(
+        self,
+        program: FlatProgram,
+        on_value: Callable[[int, Any], Any] | None,
+        on_operand: Callable[[int, int, Any], Any] | None,
+        keep_loops: bool,
+    ) -> None:
+        self.program = program
+        self.on_value = on_value
+        self.on_operand = on_operand
+        # loops by (depth, first equation); a region with no equation has nothing to run
+        self.loops = {
+            (loop.depth, loop.start): loop
+            for loop in (program.loops if keep_loops else ())
+            if loop.stop > loop.start
+        }
+
+    def run(self, start: int, stop: int, env: dict[int, Any], depth: int) -> None:
+        index = start
+        while index < stop:
+            loop = self.loops.get((depth, index))
+            if loop is not None:
+                self.run_loop(loop, env)
+                index = loop.stop
+                continue
+            eqn = self.program.eqns[index]
+            operands = [env[v] for v in eqn.invars]
+            if self.on_operand is not None:
+                operands = [self.on_operand(index, p, x) for p, x in enumerate(operands)]
+            # Re-enter the original name stack so compiled HLO metadata keeps the user's
+            # scopes and the forward/backward marks (`transpose(jvp(...))`) profiling relies on.
+            with source_info_util.set_name_stack(_name_stacks(eqn.name_stack)):
+                results = eqn.primitive.bind(*operands, **eqn.params)
+            if not eqn.primitive.multiple_results:
+                results = (results,)
+            for vid, result in zip(eqn.outvars, results, strict=True):
+                env[vid] = self.value(vid, result)
+            index += 1
+
+    def value(self, vid: int, x: Any) -> Any:
+        return self.on_value(vid, x) if self.on_value is not None else x
+
+    def run_loop(self, loop: LoopRegion, env: dict[int, Any]) -> None:
+        """`jax.lax.scan` over the first iteration's equations; binds the loop's results."""
+        first = loop.iterations[0]
+        consts = [env[v] for v in loop.operands[: loop.num_consts]]
+        init = [env[v] for v in loop.operands[loop.num_consts : loop.num_consts + loop.num_carry]]
+        xs = [env[v] for v in loop.operands[loop.num_consts + loop.num_carry :]]
+        carry_ids = first.inputs[loop.num_consts : loop.num_consts + loop.num_carry]
+        carry_out = first.outputs[: loop.num_carry]
+        xs_ids = first.inputs[loop.num_consts + loop.num_carry :]
+
+        def body(carry: list[Any], x: list[Any]) -> tuple[list[Any], list[Any]]:
+            local: dict[int, Any] = dict(self.program.constants)
+            local.update(zip(first.inputs[: loop.num_consts], consts, strict=True))
+            # the loop state takes the layout the body gives its carry out
+            for vid, out, value in zip(carry_ids, carry_out, carry, strict=True):
+                local[vid] = self.value(out, value)
+            for vid, value in zip(xs_ids, x, strict=True):
+                local[vid] = self.value(vid, value)
+            self.run(first.start, first.stop, local, loop.depth + 1)
+            outs = [local[v] for v in first.outputs]
+            return outs[: loop.num_carry], outs[loop.num_carry :]
+
+        with source_info_util.set_name_stack(_name_stacks(loop.name_stack)):
+            carry, ys = jax.lax.scan(
+                body, init, xs, length=loop.length, reverse=loop.reverse, unroll=1
+            )
+        for vid, result in zip(loop.results, [*carry, *ys], strict=True):
+            env[vid] = self.value(vid, result)
+
+
+def _name_stacks(name_stack: str) -> Any:
+    stack = source_info_util.new_name_stack()
+    for part in name_stack.split("/"):
+        if part:
+            stack = stack.extend(part)
+    return stack

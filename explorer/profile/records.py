@@ -1,0 +1,149 @@
+"""Profiled programs as cache records (priced, infeasible, or where nothing moves) and as
+rows of the profile table, compiled profiles repriced for the platform they are read for."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any
+
+from explorer.mesh import MeshSpec
+from explorer.profile.backends import Backend, ProgramProfile, compute_time
+from explorer.profile.cache import ProfileRecord
+from explorer.profile.hlo import Collective, CollectiveKind
+from explorer.profile.jobs import _Context, _Job
+
+
+def _record(job: _Job, profile: ProgramProfile, seconds: float) -> ProfileRecord:
+    return ProfileRecord(
+        key=job.key,
+        status="ok",
+        t_comm=profile.t_comm,
+        t_comp=profile.t_comp,
+        memory=profile.memory,
+        persistent_memory=profile.persistent_memory,
+        transient_memory=profile.transient_memory,
+        saved_memory=profile.saved_memory,
+        gradient_memory=profile.gradient_memory,
+        collectives=profile.collectives_json(),
+        reason="",
+        seconds=seconds,
+        created=time.time(),
+        flops=profile.flops,
+        bytes_accessed=profile.bytes_accessed,
+        dot_flops=profile.dot_flops_json(),
+    )
+
+
+def _nothing_moves(job: _Job) -> ProfileRecord:
+    return ProfileRecord(
+        key=job.key,
+        status="ok",
+        t_comm=0.0,
+        t_comp=0.0,
+        memory=0,
+        persistent_memory=0,
+        transient_memory=0,
+        saved_memory=0,
+        gradient_memory=0,
+        collectives="[]",
+        reason="",
+        seconds=0.0,
+        created=time.time(),
+    )
+
+
+def _infeasible(job: _Job, reason: str, seconds: float) -> ProfileRecord:
+    return ProfileRecord(
+        key=job.key,
+        status="infeasible",
+        t_comm=math.inf,
+        t_comp=math.inf,
+        memory=0,
+        persistent_memory=0,
+        transient_memory=0,
+        saved_memory=0,
+        gradient_memory=0,
+        collectives="[]",
+        reason=reason,
+        seconds=seconds,
+        created=time.time(),
+    )
+
+
+def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) -> dict[str, Any]:
+    t_comm, t_comp = record.t_comm, record.t_comp
+    combined: tuple[tuple[str, int, float], ...] = ()
+    if record.status == "ok":
+        if context.backend is Backend.COMPILED:
+            t_comm, t_comp = reprice(record, context.platform, context.mesh)
+        saved, combined = combinable_latency(record.collectives, context.platform, context.mesh)
+        # combinable all-reduces pay their latency once per combined bucket of the whole
+        # step (cost.CostModel), not once per segment
+        t_comm = max(t_comm - saved, 0.0)
+    return {
+        "kind": job.kind,
+        "segment": job.segment,
+        "label": job.label,
+        "config": job.config,
+        "choices": job.choices,
+        "t_comm": t_comm,
+        "t_comp": t_comp,
+        "t_total": t_comm + t_comp,
+        "memory": record.memory,
+        "persistent_memory": record.persistent_memory,
+        "transient_memory": record.transient_memory,
+        "saved_memory": record.saved_memory,
+        "gradient_memory": record.gradient_memory,
+        "status": record.status,
+        "reason": record.reason,
+        "collectives": record.collectives,
+        "cached": was_cached,
+        "seconds": record.seconds,
+        "context": job.context,
+        "combined": combined,
+        # the compiled program's cache key: boundaries that move the same tensors share one;
+        # "" where nothing moves (no program)
+        "program": "" if job.free else job.key.digest()[:16],
+    }
+
+
+def _collective(entry: dict[str, Any], nbytes: int | None = None) -> Collective:
+    return Collective(
+        kind=CollectiveKind(entry["kind"]),
+        name="",
+        shapes=(),
+        nbytes=int(entry["bytes"]) if nbytes is None else nbytes,
+        group_size=int(entry["group"]),
+        axes=tuple(entry["axes"]),
+        op_names=(entry.get("op", ""),),
+    )
+
+
+def reprice(record: ProfileRecord, platform: Any, mesh: MeshSpec) -> tuple[float, float]:
+    """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost."""
+    t_comm = sum(platform.price(_collective(c), mesh) for c in json.loads(record.collectives))
+    dots = tuple(json.loads(record.dot_flops or "{}").items())
+    return t_comm, compute_time(platform, dots, record.flops, record.bytes_accessed)
+
+
+def combinable_latency(
+    collectives: str, platform: Any, mesh: MeshSpec
+) -> tuple[float, tuple[tuple[str, int, float], ...]]:
+    """The latency a profile's combinable all-reduces paid, and their buckets.
+
+    Returns (seconds of latency to take off the profile, per combining group (kind, axes,
+    group size) the number of elements and that group's latency).
+    """
+    saved = 0.0
+    groups: dict[str, tuple[int, float]] = {}
+    for entry in json.loads(collectives):
+        if not entry.get("combinable"):
+            continue
+        latency = platform.price(_collective(entry, nbytes=0), mesh)
+        saved += latency
+        key = f"{entry['kind']}@{'+'.join(entry['axes'])}/{entry['group']}"
+        count, _ = groups.get(key, (0, latency))
+        groups[key] = (count + int(entry.get("elements", 1)), latency)
+    return saved, tuple((k, n, lat) for k, (n, lat) in sorted(groups.items()))
