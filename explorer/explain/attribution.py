@@ -193,7 +193,9 @@ def attribute(analysis: Analysis, plan: Plan) -> Attribution:
     layouts: dict[int, DimAxes] = dict(assignment.values)
     layouts.update(zip(graph.inputs, assignment.inputs, strict=True))
     placement = _placement(analysis, plan)
-    tracer = _Attributor(analysis, graph, placement, Origins(graph, hlo.hlo, layouts, plan.mesh))
+    reads = {(op, position): dims for op, position, dims in assignment.operands}
+    origins = Origins(graph, hlo.hlo, layouts, plan.mesh, reads)
+    tracer = _Attributor(analysis, graph, placement, origins)
     rows = []
     for collective in priced.collectives:
         rows.extend(tracer.rows(collective, platform.price(collective, plan.mesh)))
@@ -307,7 +309,9 @@ class _Attributor:
             names = collective.op_names
             # one name for all elements: the collective's own (its elements are unnamed)
             op_name = names[element] if len(names) == elements else (names[0] if names else "")
-            where = self._trace(collective.name, element if elements > 1 else None, op_name)
+            where = self._trace(
+                collective.name, element if elements > 1 else None, op_name, collective.axes
+            )
             out.append(
                 AttributedCollective(
                     name=collective.name,
@@ -324,8 +328,10 @@ class _Attributor:
             )
         return out
 
-    def _trace(self, name: str, element: int | None, op_name: str) -> dict[str, Any]:
-        origin = self.origins.origin(name, element, op_name=op_name)
+    def _trace(
+        self, name: str, element: int | None, op_name: str, axes: tuple[str, ...]
+    ) -> dict[str, Any]:
+        origin = self.origins.origin(name, element, op_name=op_name, partial_over=axes)
         if origin.ops:
             return self._from_ops(origin)
         # a sharding constraint, or a name the graph does not have: by where it moves data
@@ -387,10 +393,73 @@ class _Attributor:
             )
             row.update(target=Target.BOUNDARY, source_block=source)
             return row
+        crossing = self._crossing(made, read)
+        if crossing is not None:
+            boundary, forward, source, block = crossing
+            row = self._block_row(
+                block,
+                consumer_op,
+                f"{what} moves {_flow_text(made)} of instance "
+                f"{self._label(boundary if forward else boundary + 1)} across the segment "
+                f"boundary to {_flow_text(read)} of instance "
+                f"{self._label(boundary + 1 if forward else boundary)} "
+                f"({'the activation' if forward else 'the cotangent'}): made as block "
+                f"{source} leaves it, read as block {block} wants it (the boundary's "
+                f"resharding, priced for this pair of strategies)",
+            )
+            row.update(target=Target.BOUNDARY, source_block=source)
+            return row
         return self._unknown(
             f"{what} between {_flow_text(made)} (blocks {sorted(before)}) and "
             f"{_flow_text(read)} (blocks {sorted(after)}): no single producer and consumer block"
         )
+
+    def _crossing(
+        self, made: tuple[Origin, ...], read: tuple[Origin, ...]
+    ) -> tuple[int, bool, int, int] | None:
+        """(boundary, forward, producer block, reader block) when the values moved are made
+        in one segment instance and read in the next (or, a cotangent, the previous): at a
+        boundary `layouts.place` constrains the value at its producer to the layout the
+        producing instance's boundary block leaves it in, and at its readers to the layout
+        the reading instance's boundary block wants (the last block of the earlier instance,
+        the first of the later one), so the move is between those two blocks."""
+        made_in = {self.segment_of_op[o] for origin in made for o in origin.ops}
+        read_in = {self.segment_of_op[o] for origin in read for o in origin.ops}
+        if not made_in or not read_in:
+            return None
+        # the two sets lie on either side of one boundary; the compiler may fuse the moved
+        # value into ops further on (a residual add into the next layer's ops), so the
+        # producer and reader instances are those nearest the boundary
+        if max(made_in) + 1 == min(read_in):
+            producer, reader = max(made_in), min(read_in)
+        elif min(made_in) - 1 == max(read_in):
+            producer, reader = min(made_in), max(read_in)
+        else:
+            return None
+        forward = reader == producer + 1
+        boundary = min(producer, reader)
+        crossing = next(
+            (b for b in self.analysis.segments.boundaries if b.before == boundary), None
+        )
+        if crossing is None or not (crossing.forward if forward else crossing.backward):
+            return None
+        before = self.analysis.segments.instances[boundary].blocks
+        after = self.analysis.segments.instances[boundary + 1].blocks
+        if not before or not after:
+            return None
+        last, first = before[-1], after[0]
+        source, block = (last, first) if forward else (first, last)
+        # the producers' own blocks must not contradict it (ops laid out by no block may
+        # stand between the boundary block and the move)
+        owners = {
+            self._op_owner(o)[0]
+            for origin in made
+            for o in origin.ops
+            if self.segment_of_op[o] == producer
+        } - {None}
+        if owners and owners != {source}:
+            return None
+        return boundary, forward, source, block
 
     def _block_row(self, block: int, op: int | None, reason: str) -> dict[str, Any]:
         segment = self.segment_of_op[self.analysis.blocks[block].head]
