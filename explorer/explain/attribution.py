@@ -8,7 +8,11 @@ then traced back to the ops of the graph it came from (`origins`) and from them 
 - `BLOCK`: the ops are members of one ParallelBlock, or ops outside every block whose layout
   that one block decided (the follow rule: a layer norm follows the block it feeds);
 - `BOUNDARY`: a resharding collective (a sharding constraint) between a value made under one
-  block's layout and read under another's: producer block -> consumer block;
+  block's layout and read under another's: producer block -> consumer block. A move across a
+  segment boundary goes between the boundary's two blocks (the last block of the earlier
+  instance, the first of the later one), where `layouts.place` constrains it and where the
+  resharding programs price it; a move inside a segment goes to the block of the reader the
+  plan constrains to read its operand in another layout;
 - `OP`: ops outside every block whose layout no block decided (a replicated loss, the
   optimizer): attributed to the op, its segment and source line, not to a block;
 - `UNKNOWN`: what could not be traced to one target; counted, listed, never dropped.
@@ -409,10 +413,42 @@ class _Attributor:
             )
             row.update(target=Target.BOUNDARY, source_block=source)
             return row
+        moved = self._moved_reads(read)
+        if len(moved) == 1:
+            ((block, op),) = moved.items()
+            sources = before - {block}
+            row = self._block_row(
+                block,
+                op,
+                f"{what} moves {_flow_text(made)} to op #{op} of block {block}, which the "
+                f"plan has read an operand in another layout than the one it was made in",
+            )
+            if len(sources) == 1:
+                row.update(target=Target.BOUNDARY, source_block=sources.pop())
+            return row
         return self._unknown(
             f"{what} between {_flow_text(made)} (blocks {sorted(before)}) and "
             f"{_flow_text(read)} (blocks {sorted(after)}): no single producer and consumer block"
         )
+
+    def _moved_reads(self, read: tuple[Origin, ...]) -> dict[int, int]:
+        """Block -> a reader op, over the readers the plan constrains to read an operand in
+        another layout than the one it was made in (a block head gathering its input, an
+        expert block reading dispatched tokens): where such a read is, the data moves."""
+        found: dict[int, int] = {}
+        reads, layouts = self.origins.reads, self.origins.layouts
+        for origin in read:
+            for op in origin.ops:
+                inputs = self.graph.ops[op].inputs
+                if not any(
+                    (op, p) in reads and reads[(op, p)] != layouts.get(v)
+                    for p, v in enumerate(inputs)
+                ):
+                    continue
+                block = self._op_owner(op)[0]
+                if block is not None:
+                    found.setdefault(block, op)
+        return found
 
     def _crossing(
         self, made: tuple[Origin, ...], read: tuple[Origin, ...]
@@ -449,16 +485,6 @@ class _Attributor:
             return None
         last, first = before[-1], after[0]
         source, block = (last, first) if forward else (first, last)
-        # the producers' own blocks must not contradict it (ops laid out by no block may
-        # stand between the boundary block and the move)
-        owners = {
-            self._op_owner(o)[0]
-            for origin in made
-            for o in origin.ops
-            if self.segment_of_op[o] == producer
-        } - {None}
-        if owners and owners != {source}:
-            return None
         return boundary, forward, source, block
 
     def _block_row(self, block: int, op: int | None, reason: str) -> dict[str, Any]:
