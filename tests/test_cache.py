@@ -7,7 +7,9 @@ bounded by timeouts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -570,3 +572,61 @@ def test_a_cache_locked_past_the_timeout_hands_over_to_memory_once(
         cache.close()
     with ProfileCache(path) as reopened:  # the file kept what was committed before
         assert [r.key for r in reopened.records()] == [key(0), key(1)]
+
+
+# -- keys do not depend on where the package is checked out ---------------------------------
+
+_PROFILE_FROM_A_CHECKOUT = """
+import json, os, sys
+import jax, jax.numpy as jnp
+import explorer as ex
+
+def step(params, x):
+    def loss(p):
+        return jnp.sum(jnp.tanh(x @ p["w1"]) @ p["w2"])
+    grads = jax.grad(loss)(params)
+    return jax.tree.map(lambda a, b: a - 0.1 * b, params, grads)
+
+params = {"w1": jnp.ones((16, 32)), "w2": jnp.ones((32, 8))}
+analysis = ex.analyze(step, params, jnp.ones((8, 16)), mesh=(2,), platform="a100-pcie-8",
+                      cache=sys.argv[1], progress=False)
+table = analysis.profiles
+print(json.dumps({
+    "package": os.path.dirname(ex.__file__),
+    "rows": len(table),
+    "cached": int(table["cached"].sum()),
+    # jobs that move nothing are never compiled, so never cached either
+    "priced": int((table["program"] != "").sum()),
+}))
+"""
+
+
+@pytest.mark.slow
+def test_profiles_made_in_one_checkout_are_cache_hits_in_another(tmp_path: Path) -> None:
+    """The same model profiled from a copy of the package at another path (a second
+    checkout, a git worktree) is served from the cache: no key holds a source path."""
+    other = tmp_path / "elsewhere" / "checkout"
+    for part in ("explorer", "assets"):
+        shutil.copytree(REPO / part, other / part, ignore=shutil.ignore_patterns("__pycache__"))
+    path = tmp_path / "profiles.sqlite"
+    script = tmp_path / "profile.py"
+    script.write_text(_PROFILE_FROM_A_CHECKOUT)
+    flags = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    runs = []
+    for root in (REPO, other):
+        out = subprocess.run(
+            [sys.executable, str(script), str(path)],
+            env={**os.environ, **flags, "PYTHONPATH": str(root)},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+            cwd=root,
+        )
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["package"] == str(REPO / "explorer")
+    assert second["package"] == str(other / "explorer")
+    assert first["rows"] == second["rows"] and first["priced"] > 0
+    assert first["cached"] == 0
+    assert second["cached"] == second["priced"], second

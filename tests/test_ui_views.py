@@ -46,6 +46,34 @@ def test_many_configurations_show_the_fastest_and_always_the_plans_choice() -> N
     assert len(view.figure.data[0].x) == 10 and "fastest" not in view.figure.layout.title.text
 
 
+def test_computation_is_drawn_on_its_own_scale_beside_far_larger_communication() -> None:
+    """A layer whose communication is 1000x its computation: stacked on one axis the
+    computation would be a pixel; in its own panel its tallest bar fills the panel."""
+    import dataclasses
+
+    data = dataclasses.replace(
+        _bars(30, {25: 1}),
+        t_comp_ms=tuple(0.01 + 0.001 * i for i in range(30)),
+        t_comm_ms=tuple(10.0 + i for i in range(30)),
+    )
+    view = BarsView()
+    view.show(data)
+    comp, comm = view.figure.data[0], view.figure.data[1]
+    layout = view.figure.layout
+    assert comp.name == "computation" and comm.name == "communication"
+    assert comp.yaxis == "y" and comm.yaxis == "y3"  # two axes, not one stack
+    low, high = layout.yaxis.domain, layout.yaxis3.domain
+    assert low[1] < high[0]  # the panels do not overlap
+    shown = [data.t_comp_ms[int(c[1:])] for c in comp.x]
+    assert list(comp.y) == shown and "c25" in comp.x  # the plan's choice is drawn
+    assert layout.yaxis.range[0] == 0.0
+    assert max(shown) / layout.yaxis.range[1] > 0.9  # the tallest fills its panel
+    assert layout.yaxis3.range[1] >= max(comm.y) > 100 * layout.yaxis.range[1]
+    hover = comp.hovertext[-1]
+    assert "<b>c25</b>" in hover and "computation 0.035 ms (0.1% of the time)" in hover
+    assert "communication 35 ms (100% of the time)" in hover and "total 35.03 ms" in hover
+
+
 def test_one_memory_unit_per_analysis_with_exact_bytes_in_hover() -> None:
     assert style.memory_unit(900 * 2**20) is style.MIB
     assert style.memory_unit(3 * 2**30) is style.GIB

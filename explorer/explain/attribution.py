@@ -8,7 +8,11 @@ then traced back to the ops of the graph it came from (`origins`) and from them 
 - `BLOCK`: the ops are members of one ParallelBlock, or ops outside every block whose layout
   that one block decided (the follow rule: a layer norm follows the block it feeds);
 - `BOUNDARY`: a resharding collective (a sharding constraint) between a value made under one
-  block's layout and read under another's: producer block -> consumer block;
+  block's layout and read under another's: producer block -> consumer block. A move across a
+  segment boundary goes between the boundary's two blocks (the last block of the earlier
+  instance, the first of the later one), where `layouts.place` constrains it and where the
+  resharding programs price it; a move inside a segment goes to the block of the reader the
+  plan constrains to read its operand in another layout;
 - `OP`: ops outside every block whose layout no block decided (a replicated loss, the
   optimizer): attributed to the op, its segment and source line, not to a block;
 - `UNKNOWN`: what could not be traced to one target; counted, listed, never dropped.
@@ -25,13 +29,9 @@ trace): the HLO's own stack frames point into the explorer's re-execution of the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
-from explorer.errors import AnalysisError
+from explorer.explain.attributed import AttributedCollective, Attribution, BlockShare, Target
 from explorer.explain.origins import Origin, Origins, op_key
 from explorer.ir import Config, DimAxes, Graph, ValueKind, path_suffix
 from explorer.layouts import Placement, place
@@ -41,135 +41,7 @@ if TYPE_CHECKING:
     from explorer.pipeline import Analysis
     from explorer.plan import Plan
 
-
-class Target(StrEnum):
-    BLOCK = "block"
-    BOUNDARY = "boundary"
-    OP = "op"
-    UNKNOWN = "unknown"
-
-
-@dataclass(frozen=True, slots=True)
-class AttributedCollective:
-    """One collective of the whole step (one element of a combined one) and where it is from."""
-
-    name: str  # HLO instruction
-    element: int  # element of a combined (tuple) collective; 0 otherwise
-    elements: int  # elements of the collective
-    kind: str  # "all-reduce", "all-gather", ...
-    nbytes: int  # bytes of this element (of the whole collective when it has one)
-    axes: tuple[str, ...]  # mesh axes its replica groups span
-    group_size: int
-    time: float  # seconds: the collective's price, shared among its elements by bytes
-    target: Target
-    block: int | None  # the block (for a boundary: the consumer's block)
-    block_name: str
-    source_block: int | None  # for a boundary: the producer's block
-    segment: int | None  # segment instance index
-    segment_label: str
-    op: int | None  # the graph op it was traced to (for a boundary: a consumer)
-    source: str  # "file:line (function)" of that op
-    op_name: str  # the HLO metadata op name
-    reason: str
-
-    def __post_init__(self) -> None:
-        if self.target is Target.BLOCK and self.block is None:
-            raise ValueError(f"{self.name}[{self.element}]: a block attribution without a block")
-        if self.time < 0 or not math.isfinite(self.time):
-            raise ValueError(f"{self.name}[{self.element}]: time {self.time} is not a duration")
-
-
-@dataclass(frozen=True, slots=True)
-class BlockShare:
-    """The communication one block makes the compiler emit under the plan."""
-
-    block: int
-    name: str
-    strategy: str
-    segment: int
-    segment_label: str
-    collectives: int  # rows attributed to the block (elements of combined collectives count)
-    nbytes: int
-    time: float  # seconds, collectives attributed to the block itself
-    boundary_time: float  # seconds of resharding into the block from another block
-
-
-@dataclass(frozen=True, slots=True)
-class Attribution:
-    """Every collective of a plan's whole step, attributed (see the module doc)."""
-
-    source: str  # the plan's source ("cfp", "dp", ...)
-    mesh: str
-    platform: str
-    t_comm: float  # the whole step's collective seconds, as `evaluate` prices them
-    collectives: tuple[AttributedCollective, ...]
-    blocks: tuple[BlockShare, ...]
-
-    def __post_init__(self) -> None:
-        total = math.fsum(c.time for c in self.collectives)
-        if not math.isclose(total, self.t_comm, rel_tol=1e-9, abs_tol=1e-15):
-            raise AnalysisError(
-                f"attributed collective time {total} s differs from the step's {self.t_comm} s"
-            )
-
-    @property
-    def unknown(self) -> tuple[AttributedCollective, ...]:
-        return tuple(c for c in self.collectives if c.target is Target.UNKNOWN)
-
-    def time_of(self, target: Target) -> float:
-        return math.fsum(c.time for c in self.collectives if c.target is target)
-
-    def frame(self) -> pd.DataFrame:
-        """One row per collective (element), slowest first, for display."""
-        rows = [
-            {
-                "collective": c.name if c.elements == 1 else f"{c.name}[{c.element}]",
-                "kind": c.kind,
-                "bytes": c.nbytes,
-                "axes": ",".join(c.axes),
-                "group": c.group_size,
-                "time": c.time,
-                "target": c.target.value,
-                "block": c.block,
-                "block_name": c.block_name,
-                "from_block": c.source_block,
-                "segment": c.segment_label,
-                "source": c.source,
-                "op_name": c.op_name,
-                "reason": c.reason,
-            }
-            for c in self.collectives
-        ]
-        return pd.DataFrame(rows).sort_values("time", ascending=False, kind="stable")
-
-    def block_frame(self) -> pd.DataFrame:
-        """One row per block: its strategy and the communication attributed to it."""
-        return pd.DataFrame(
-            [
-                {
-                    "block": b.block,
-                    "name": b.name,
-                    "strategy": b.strategy,
-                    "segment": b.segment_label,
-                    "collectives": b.collectives,
-                    "bytes": b.nbytes,
-                    "time": b.time,
-                    "boundary_time": b.boundary_time,
-                }
-                for b in self.blocks
-            ]
-        )
-
-    def summary(self) -> str:
-        parts = ", ".join(
-            f"{t.value} {sum(c.target is t for c in self.collectives)} "
-            f"({1e6 * self.time_of(t):.1f} us)"
-            for t in Target
-        )
-        return (
-            f"{self.source} plan on {self.mesh} ({self.platform}): {len(self.collectives)} "
-            f"collectives, {1e6 * self.t_comm:.1f} us: {parts}"
-        )
+__all__ = ["AttributedCollective", "Attribution", "BlockShare", "Target", "attribute"]
 
 
 def block_name(analysis: Analysis, block: int) -> str:
@@ -193,7 +65,9 @@ def attribute(analysis: Analysis, plan: Plan) -> Attribution:
     layouts: dict[int, DimAxes] = dict(assignment.values)
     layouts.update(zip(graph.inputs, assignment.inputs, strict=True))
     placement = _placement(analysis, plan)
-    tracer = _Attributor(analysis, graph, placement, Origins(graph, hlo.hlo, layouts, plan.mesh))
+    reads = {(op, position): dims for op, position, dims in assignment.operands}
+    origins = Origins(graph, hlo.hlo, layouts, plan.mesh, reads)
+    tracer = _Attributor(analysis, graph, placement, origins)
     rows = []
     for collective in priced.collectives:
         rows.extend(tracer.rows(collective, platform.price(collective, plan.mesh)))
@@ -307,7 +181,9 @@ class _Attributor:
             names = collective.op_names
             # one name for all elements: the collective's own (its elements are unnamed)
             op_name = names[element] if len(names) == elements else (names[0] if names else "")
-            where = self._trace(collective.name, element if elements > 1 else None, op_name)
+            where = self._trace(
+                collective.name, element if elements > 1 else None, op_name, collective.axes
+            )
             out.append(
                 AttributedCollective(
                     name=collective.name,
@@ -324,8 +200,10 @@ class _Attributor:
             )
         return out
 
-    def _trace(self, name: str, element: int | None, op_name: str) -> dict[str, Any]:
-        origin = self.origins.origin(name, element, op_name=op_name)
+    def _trace(
+        self, name: str, element: int | None, op_name: str, axes: tuple[str, ...]
+    ) -> dict[str, Any]:
+        origin = self.origins.origin(name, element, op_name=op_name, partial_over=axes)
         if origin.ops:
             return self._from_ops(origin)
         # a sharding constraint, or a name the graph does not have: by where it moves data
@@ -387,10 +265,95 @@ class _Attributor:
             )
             row.update(target=Target.BOUNDARY, source_block=source)
             return row
+        crossing = self._crossing(made, read)
+        if crossing is not None:
+            boundary, forward, source, block = crossing
+            row = self._block_row(
+                block,
+                consumer_op,
+                f"{what} moves {_flow_text(made)} of instance "
+                f"{self._label(boundary if forward else boundary + 1)} across the segment "
+                f"boundary to {_flow_text(read)} of instance "
+                f"{self._label(boundary + 1 if forward else boundary)} "
+                f"({'the activation' if forward else 'the cotangent'}): made as block "
+                f"{source} leaves it, read as block {block} wants it (the boundary's "
+                f"resharding, priced for this pair of strategies)",
+            )
+            row.update(target=Target.BOUNDARY, source_block=source)
+            return row
+        moved = self._moved_reads(read)
+        if len(moved) == 1:
+            ((block, op),) = moved.items()
+            sources = before - {block}
+            row = self._block_row(
+                block,
+                op,
+                f"{what} moves {_flow_text(made)} to op #{op} of block {block}, which the "
+                f"plan has read an operand in another layout than the one it was made in",
+            )
+            if len(sources) == 1:
+                row.update(target=Target.BOUNDARY, source_block=sources.pop())
+            return row
         return self._unknown(
             f"{what} between {_flow_text(made)} (blocks {sorted(before)}) and "
             f"{_flow_text(read)} (blocks {sorted(after)}): no single producer and consumer block"
         )
+
+    def _moved_reads(self, read: tuple[Origin, ...]) -> dict[int, int]:
+        """Block -> a reader op, over the readers the plan constrains to read an operand in
+        another layout than the one it was made in (a block head gathering its input, an
+        expert block reading dispatched tokens): where such a read is, the data moves."""
+        found: dict[int, int] = {}
+        reads, layouts = self.origins.reads, self.origins.layouts
+        for origin in read:
+            for op in origin.ops:
+                inputs = self.graph.ops[op].inputs
+                if not any(
+                    (op, p) in reads and reads[(op, p)] != layouts.get(v)
+                    for p, v in enumerate(inputs)
+                ):
+                    continue
+                block = self._op_owner(op)[0]
+                if block is not None:
+                    found.setdefault(block, op)
+        return found
+
+    def _crossing(
+        self, made: tuple[Origin, ...], read: tuple[Origin, ...]
+    ) -> tuple[int, bool, int, int] | None:
+        """(boundary, forward, producer block, reader block) when the values moved are made
+        in one segment instance and read in the next (or, a cotangent, the previous): at a
+        boundary `layouts.place` constrains the value at its producer to the layout the
+        producing instance's boundary block leaves it in, and at its readers to the layout
+        the reading instance's boundary block wants (the last block of the earlier instance,
+        the first of the later one), so the move is between those two blocks."""
+        made_in = {self.segment_of_op[o] for origin in made for o in origin.ops}
+        read_in = {self.segment_of_op[o] for origin in read for o in origin.ops}
+        if not made_in or not read_in:
+            return None
+        # the two sets lie on either side of one boundary; the compiler may fuse the moved
+        # value into ops further on (a residual add into the next layer's ops), so the
+        # producer and reader instances are those nearest the boundary
+        if max(made_in) + 1 == min(read_in):
+            producer, reader = max(made_in), min(read_in)
+        elif min(made_in) - 1 == max(read_in):
+            producer, reader = min(made_in), max(read_in)
+        else:
+            return None
+        forward = reader == producer + 1
+        boundary = min(producer, reader)
+        crossing = next(
+            (b for b in self.analysis.segments.boundaries if b.before == boundary), None
+        )
+        if crossing is None or not (crossing.forward if forward else crossing.backward):
+            return None
+        before = self.analysis.segments.instances[boundary].blocks
+        after = self.analysis.segments.instances[boundary + 1].blocks
+        if not before or not after:
+            return None
+        last, first = before[-1], after[0]
+        source, block = (last, first) if forward else (first, last)
+        return boundary, forward, source, block
 
     def _block_row(self, block: int, op: int | None, reason: str) -> dict[str, Any]:
         segment = self.segment_of_op[self.analysis.blocks[block].head]

@@ -9,7 +9,12 @@ pass), so each candidate op is checked against two more facts of the instruction
   it under the plan's layouts;
 - **outputs reached**: the step results (updated parameters, optimizer state, the loss) the
   instruction's value flows into in the HLO, against those the op's results flow into in
-  the graph. A gradient flows into its own parameter's update only.
+  the graph. A gradient flows into its own parameter's update only;
+- **partial sums** (an all-reduce): the reductions whose operand, as the plan has them read
+  it, is split over the all-reduce's mesh axes on a reduced dim (layouts.PARTIAL_REDUCTIONS:
+  only those leave partial sums to all-reduce);
+- **device shape**: the instruction's array against the op's result as one device holds it
+  under the plan (an all-gather named after an op makes that op's result whole).
 
 A filter that would leave no candidate is skipped (the compiler fused, transposed or
 simplified what the graph has), so the ops kept are those consistent with every fact that
@@ -28,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from explorer.ir import DimAxes, Graph
+from explorer.layouts import PARTIAL_REDUCTIONS
 from explorer.mesh import MeshSpec
 from explorer.profile.hlo import HloInstruction, entry_instructions
 
@@ -71,13 +77,22 @@ def op_key(op_name: str) -> tuple[str, str]:
 class Origins:
     """Graph ops behind the instructions of one compiled whole step (see the module doc).
 
-    `layouts`: the plan's layout of every value (step inputs included) it places.
+    `layouts`: the plan's layout of every value (step inputs included) it places; `reads`:
+    the layout an op reads an operand in, where the plan constrains it: (op, position) ->
+    layout (`ShardingAssignment.operands`).
     """
 
     def __init__(
-        self, graph: Graph, hlo: str, layouts: Mapping[int, DimAxes], mesh: MeshSpec
+        self,
+        graph: Graph,
+        hlo: str,
+        layouts: Mapping[int, DimAxes],
+        mesh: MeshSpec,
+        reads: Mapping[tuple[int, int], DimAxes] | None = None,
     ) -> None:
         self.graph = graph
+        self.layouts = layouts
+        self.reads = reads or {}
         self.instructions = {i.name: i for i in entry_instructions(hlo)}
         self.users: dict[str, list[str]] = {}
         for instruction in self.instructions.values():
@@ -99,6 +114,7 @@ class Origins:
         for op in graph.ops:
             self.by_key.setdefault((op.name_stack, op.primitive), []).append(op.id)
         self.shapes = _op_shapes(graph, layouts, mesh)
+        self.local_shapes = _op_shapes(graph, layouts, mesh, whole=False)
         self.graph_reach, self.graph_depends = _graph_flow(graph)
         self._up: dict[str, int] = {}
         self._down: dict[str, int] = {}
@@ -106,10 +122,17 @@ class Origins:
 
     # -- one value --------------------------------------------------------------------------
 
-    def origin(self, name: str, element: int | None = None, op_name: str | None = None) -> Origin:
+    def origin(
+        self,
+        name: str,
+        element: int | None = None,
+        op_name: str | None = None,
+        partial_over: tuple[str, ...] = (),
+    ) -> Origin:
         """The ops instruction `name` (element `element` of its tuple result) came from;
         `op_name` overrides the instruction's own (a combined collective names each element
-        on the get-tuple-element that reads it)."""
+        on the get-tuple-element that reads it); `partial_over`: the mesh axes an all-reduce
+        spans (its candidates are narrowed to reductions leaving partial sums over them)."""
         instruction = self.instructions[name]
         given = instruction.op_name if op_name is None else op_name
         output = self.result_of.get(name) if element is None else None
@@ -124,7 +147,15 @@ class Origins:
             flow = self._closest_flow(candidates, name, element)
             if len(flow) < len(candidates):
                 candidates, evidence = flow, [*evidence, "data flow"]
+        if len(candidates) > 1 and instruction.opcode == "all-reduce" and partial_over:
+            partial = [o for o in candidates if self._partial_axes(o) & set(partial_over)]
+            if partial and len(partial) < len(candidates):
+                candidates, evidence = partial, [*evidence, "partial sums"]
         dims = self._dims(instruction, element)
+        if len(candidates) > 1 and dims is not None:
+            local = [o for o in candidates if dims in self.local_shapes[o]]
+            if local and len(local) < len(candidates):
+                candidates, evidence = local, [*evidence, "device shape"]
         if len(candidates) > 1 and dims is not None:
             exact = [o for o in candidates if dims in self.shapes[o]]
             size = math.prod(dims)
@@ -134,6 +165,18 @@ class Origins:
             elif sized and len(sized) < len(candidates):
                 candidates, evidence = sized, [*evidence, "size"]
         return Origin(tuple(candidates), tuple(evidence), given, step_output=output)
+
+    def _partial_axes(self, op: int) -> set[str]:
+        """The mesh axes a reduction leaves partial sums over: those splitting a reduced dim
+        of its operand as the plan has it read (empty for any other op)."""
+        node = self.graph.ops[op]
+        if node.primitive not in PARTIAL_REDUCTIONS or not node.inputs:
+            return set()
+        layout = self.reads.get((op, 0), self.layouts.get(node.inputs[0]))
+        reduced = node.param("axes", ())
+        if layout is None or not isinstance(reduced, tuple):
+            return set()
+        return {a for d in reduced if isinstance(d, int) and d < len(layout) for a in layout[d]}
 
     def _argument(self, instruction: HloInstruction) -> int | None:
         """The step input a parameter receives: JAX names it after the flat argument
@@ -272,16 +315,19 @@ def _per_operand(instruction: HloInstruction) -> bool:
 
 
 def _op_shapes(
-    graph: Graph, layouts: Mapping[int, DimAxes], mesh: MeshSpec
+    graph: Graph, layouts: Mapping[int, DimAxes], mesh: MeshSpec, whole: bool = True
 ) -> list[set[tuple[int, ...]]]:
-    """Per op: the dims of its results, whole and as one device holds them."""
+    """Per op: the dims of its results, whole (unless `whole` is False, where the plan
+    places the result) and as one device holds them."""
     shapes: list[set[tuple[int, ...]]] = []
     for op in graph.ops:
         found: set[tuple[int, ...]] = set()
         for vid, tt in zip(op.outputs, op.output_types, strict=True):
-            found.add(tt.shape)
             layout = layouts.get(vid)
-            if layout is not None and len(layout) == tt.rank:
+            placed = layout is not None and len(layout) == tt.rank
+            if whole or not placed:
+                found.add(tt.shape)
+            if layout is not None and placed:
                 found.add(
                     tuple(
                         d // mesh.axes_size(axes) for d, axes in zip(tt.shape, layout, strict=True)

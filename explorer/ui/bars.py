@@ -1,9 +1,12 @@
 """Per-configuration bars for one segment type (the paper's Fig. 9 view).
 
-For the profiled configurations of the selected segment type: computation and communication
-time stacked, ranked by total; the configurations the current plan uses outlined; peak memory
-on a second axis; the Alpa-style symbolic cost as markers when `explorer.alpa` provides it;
-the collectives the compiler emitted in the hover. A type with many configurations (a GPT
+For the profiled configurations of the selected segment type, ranked by total time: the
+communication time in the upper panel and the computation time in the lower one, each on its
+own axis scaled to its own values (stacked on one axis, a layer's computation is a pixel
+beside its communication at scale); the configurations the current plan uses outlined; peak
+memory on a right-hand axis of the upper panel; the Alpa-style symbolic cost as markers there
+when `explorer.alpa` provides it; both times, their shares and the collectives the compiler
+emitted in the hover. A type with many configurations (a GPT
 layer has 81) shows the `TOP` fastest and every one the plan uses, whatever its rank; a text
 filter narrows the ranking to the configurations whose name holds it (the plan's stay).
 """
@@ -24,6 +27,9 @@ if TYPE_CHECKING:
     from explorer.pipeline import Analysis
 
 TOP = 24  # configurations drawn when a type has more (the plan's are always drawn too)
+# the panels' vertical extents (paper fractions): communication above, computation below
+COMM_DOMAIN = (0.5, 1.0)
+COMPUTE_DOMAIN = (0.0, 0.4)
 
 ALPA_MISSING = (
     "no Alpa-style symbolic cost markers: explorer.alpa is not part of this build "
@@ -157,15 +163,24 @@ def empty_bars(note: str) -> BarsData:
 
 def _hover(data: BarsData, i: int) -> str:
     tp, tc, n = data.t_comp_ms[i], data.t_comm_ms[i], data.chosen[i]
-    share = 100 * tc / (tp + tc) if tp + tc > 0 else 0.0
+    total = tp + tc
+    share = 100 * tc / total if total > 0 else 0.0
     exact = f" ({style.exact_bytes(data.memory_bytes[i])})" if data.memory_bytes else ""
     return (
         f"<b>{data.configs[i]}</b> (rank {i + 1} of {len(data.configs)})<br>"
-        f"computation {tp:.4g} ms, communication {tc:.4g} ms ({share:.0f}% of the time)<br>"
+        f"total {total:.4g} ms per instance<br>"
+        f"computation {tp:.4g} ms ({_percent(100 - share if total > 0 else 0.0)} of the time)<br>"
+        f"communication {tc:.4g} ms ({_percent(share)} of the time)<br>"
         f"peak memory {data.memory[i]:.4g} {data.unit.name}{exact}"
         + (f"<br>chosen by the plan on {n} instance(s)" if n else "")
         + f"<br><i>collectives emitted</i>:<br>{data.collectives[i]}"
     )
+
+
+def _percent(value: float) -> str:
+    """Whole percents, and two digits below one (a layer's computation beside its
+    communication at scale is 0.1 %, not 0 %)."""
+    return f"{value:.0f}%" if value >= 1 or value == 0 else f"{value:.2g}%"
 
 
 class BarsView:
@@ -177,9 +192,10 @@ class BarsView:
         self._title = ""
         self.figure = go.FigureWidget(
             data=[
-                go.Bar(name="computation", marker={"color": style.OKABE_ITO[4]}),
+                go.Bar(name="computation", yaxis="y", marker={"color": style.OKABE_ITO[4]}),
                 go.Bar(
                     name="communication",
+                    yaxis="y3",
                     marker={"color": style.OKABE_ITO[5], "pattern": {"shape": "/"}},
                 ),
                 go.Scatter(
@@ -191,15 +207,25 @@ class BarsView:
                 ),
                 go.Scatter(
                     name="Alpa-style symbolic cost",
+                    yaxis="y3",
                     mode="markers",
                     marker={"symbol": "x", "size": 8, "color": "#000000"},
                 ),
             ],
             layout=go.Layout(
-                barmode="stack",
-                **style.figure_layout(height=380, margin={"l": 50, "r": 80, "t": 60, "b": 90}),
-                yaxis={"title": {"text": "time per instance (ms)"}},
-                yaxis2={"title": {"text": "peak memory (MiB)"}, "overlaying": "y", "side": "right"},
+                **style.figure_layout(height=460, margin={"l": 60, "r": 80, "t": 60, "b": 90}),
+                # two panels on one category axis: each time readable on its own scale
+                yaxis={"title": {"text": "computation (ms)"}, "domain": COMPUTE_DOMAIN},
+                yaxis3={
+                    "title": {"text": "communication (ms)"},
+                    "domain": COMM_DOMAIN,
+                    "anchor": "x",
+                },
+                yaxis2={
+                    "title": {"text": "peak memory (MiB)"},
+                    "overlaying": "y3",
+                    "side": "right",
+                },
                 xaxis={"tickangle": -60, "tickfont": {"size": 9}, "type": "category"},
             ),
         )
@@ -245,9 +271,21 @@ class BarsView:
             fig.data[2].hoverinfo = "text"
             fig.data[3].x = [data.configs[i] for i in has_symbolic]
             fig.data[3].y = [data.symbolic_ms[i] for i in has_symbolic]
+            fig.layout.yaxis.range = _range([data.t_comp_ms[i] for i in shown])
+            fig.layout.yaxis3.range = _range(
+                [data.t_comm_ms[i] for i in shown]
+                + [data.symbolic_ms[i] or 0.0 for i in has_symbolic]
+            )
             fig.layout.yaxis2.title = {"text": f"peak memory ({data.unit.name})"}
             fig.layout.title = style.title(title)
         self._title = title
+
+
+def _range(values: list[float]) -> list[float]:
+    """An axis from zero to just above the largest value (its own values, not the other
+    panel's), so the tallest bar fills its panel."""
+    top = max(values, default=0.0)
+    return [0.0, 1.08 * top if top > 0 else 1.0]
 
 
 def _title(data: BarsData, shown: tuple[int, ...]) -> str:
