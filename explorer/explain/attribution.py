@@ -51,15 +51,9 @@ def block_name(analysis: Analysis, block: int) -> str:
 
 def attribute(analysis: Analysis, plan: Plan) -> Attribution:
     """Compile `plan`'s whole step, price every collective and attribute each (module doc)."""
-    from explorer.platforms import load_platform
     from explorer.profile.backends import price_compiled
 
-    platform_name = str(plan.document["platform"])
-    platform = (
-        analysis.platform
-        if analysis.platform is not None and analysis.platform_name == platform_name
-        else load_platform(platform_name)
-    )
+    platform = plan.platform  # as the plan records it: a scaled platform too, never a name
     graph, assignment, hlo = _compile_step(plan, analysis)
     priced = price_compiled(hlo, platform, plan.mesh)
     layouts: dict[int, DimAxes] = dict(assignment.values)
@@ -74,7 +68,7 @@ def attribute(analysis: Analysis, plan: Plan) -> Attribution:
     return Attribution(
         source=plan.source,
         mesh=str(plan.mesh),
-        platform=platform_name,
+        platform=platform.name,
         t_comm=priced.t_comm,
         collectives=tuple(rows),
         blocks=_block_shares(analysis, plan, rows),
