@@ -30,6 +30,10 @@ its backward part, `gradients` from its backward part on, and `transient` while 
 
 (the first term of the max: after the backward parts every gradient waits for its optimizer).
 
+A value made from constants alone that a backward part reads (a broadcast scale, the zeros a
+gradient is scattered into) is held from the first instance of its type on, once for all its
+instances (the compiler merges equal constants): `constants`, added at that first instance.
+
 An early layer's working set coexists with the activations saved before it, not with every
 layer's. Each step input counts once, in the segment that owns it. Eq. 9 stays available for
 comparison.
@@ -69,6 +73,9 @@ class Option:
     # to the optimizer (`profile.accounting.HeldMemory`)
     saved: int = 0
     gradients: int = 0
+    # made from constants alone, held from the first instance of the type on, once for all
+    # of its instances (the compiler merges the equal buffers)
+    constants: int = 0
     # strategies of the instance's dependencies (CostModel.dependencies), in order
     context: tuple[int, ...] = ()
     # per combining group ("kind@axes/size"): combinable elements and their latency
@@ -101,6 +108,8 @@ class CostModel:
     # per block: its twin (`layouts.loop_twins`: the same block of a scan's first iteration,
     # whose strategy a uniform plan gives it); empty when every block is its own twin
     twins: tuple[int, ...] = ()
+    # per instance: its segment type (`SegmentInstance.unique_id`); empty: each its own
+    types: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.reshard) != max(0, len(self.options) - 1):
@@ -159,6 +168,10 @@ class CostModel:
                 )
         return None
 
+    def opens_type(self, n: int) -> bool:
+        """Whether instance `n` is the first of its type: the one whose constants count."""
+        return not self.types or self.types.index(self.types[n]) == n
+
     def memory(self, selection: Sequence[int]) -> int:
         """The largest memory held while one instance's backward part runs (module doc)."""
         chosen = [self.options[n][i] for n, i in enumerate(selection)]
@@ -166,8 +179,10 @@ class CostModel:
         persistent = sum(o.persistent + o.gradients for o in chosen)
         saved = 0  # saved by instances 0..n, less their gradients (not made before n's level)
         largest = 0
-        for option in chosen:
+        for n, option in enumerate(chosen):
             saved += option.saved - option.gradients
+            if self.opens_type(n):
+                saved += option.constants
             largest = max(largest, saved + option.transient)
         return persistent + largest
 
@@ -202,6 +217,7 @@ def build_cost_model(
                 peak=int(row["memory"]),
                 saved=int(row["saved_memory"]),
                 gradients=int(row["gradient_memory"]),
+                constants=int(row.get("constant_memory", 0) or 0),
                 context=tuple(int(c) for c in row.get("context", ()) or ()),
                 combined=tuple(row.get("combined", ()) or ()),
             )
@@ -230,6 +246,7 @@ def build_cost_model(
         dependencies=dependencies or tuple(() for _ in instances),
         instance_blocks=tuple(i.blocks for i in instances),
         twins=twins,
+        types=tuple(i.unique_id for i in instances),
     )
 
 

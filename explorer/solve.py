@@ -203,7 +203,7 @@ def _undominated(options: tuple[Option, ...], keep: list[int], shared: Sequence[
     one with the same ends (and the same context, combining groups and strategies of the
     `shared` positions, which the rest of the plan depends on)."""
     out = []
-    costs = {i: (options[i].time, *_steps(options[i])) for i in keep}
+    costs = {i: (options[i].time, *_steps(options[i]), options[i].constants) for i in keep}
     for i in keep:
         a = options[i]
         beaten = any(
@@ -222,12 +222,12 @@ def _undominated(options: tuple[Option, ...], keep: list[int], shared: Sequence[
     return out
 
 
-def _steps(option: Option) -> tuple[int, int, int]:
+def _steps(option: Option, opens_type: bool = False) -> tuple[int, int, int]:
     """What taking `option` adds to a partial plan's memory (`_chain`): to what it holds into
     later levels, to the whole-step memory, and the level of the option's own instance above
-    what was held before it."""
+    what was held before it. The first instance of a type also holds the type's constants."""
     # its gradients count in every later level: made before them (backward runs in reverse)
-    held = option.persistent + option.saved
+    held = option.persistent + option.saved + (option.constants if opens_type else 0)
     return held, option.persistent + option.gradients, held + option.transient
 
 
@@ -304,7 +304,9 @@ def _chain(
         came = of_class[plan]
         candidate_class = leads_to[came, option]
         candidate_time = time[plan] + step[came, option]
-        adds = np.array([_steps(o) for o in options], dtype=np.int64).reshape(len(options), 3)
+        opens = model.opens_type(n)
+        adds = np.array([_steps(o, opens) for o in options], dtype=np.int64)
+        adds = adds.reshape(len(options), 3)
         candidate_held = held[plan] + adds[option, 0]
         candidate_total = np.maximum(total[plan] + adds[option, 1], held[plan] + adds[option, 2])
         keep = _skyline(candidate_class, candidate_time, candidate_held, candidate_total)

@@ -60,6 +60,7 @@ def record(i: int, **changes: object) -> ProfileRecord:
         transient_memory=12345,
         saved_memory=1 << 31,
         gradient_memory=4096,
+        constant_memory=8192,
         collectives='[{"kind": "all-reduce", "bytes": 4096, "axes": ["x"], "group": 2}]',
         reason="",
         seconds=0.25,
@@ -220,6 +221,7 @@ def test_to_frame_columns(tmp_path: Path) -> None:
         "dot_flops",
         "saved_memory",
         "gradient_memory",
+        "constant_memory",
     ]
     assert list(frame["status"]) == ["ok", "infeasible"]
     assert frame["memory"].iloc[0] == 1 << 33

@@ -249,6 +249,36 @@ def test_a_fusion_writes_over_the_operands_it_only_uses_elementwise() -> None:
     assert schedule.peak([buffer_of["ea"], buffer_of["eb"], buffer_of["f"]]) == 2 * nbytes
 
 
+# A segment's schedule as XLA:CPU wrote GPT-2.6B's layer: a constant broadcast to the scores'
+# shape (the dropout scale a library fusion cannot take in) is made in the forward part, beside
+# the forward value `h`, and read only by the backward part, which waits for the cotangent `ct`.
+_CONSTANT_MADE_EARLY = """HloModule m, is_scheduled=true
+
+ENTRY %main (x: f32[64,512], ct: f32[64,512]) -> (f32[64,512], f32[64,512]) {
+  %x = f32[64,512]{1,0} parameter(0)
+  %ct = f32[64,512]{1,0} parameter(1)
+  %scale = f32[] constant(1.1)
+  %wide = f32[64,512]{1,0} broadcast(%scale), dimensions={}
+  %h = f32[64,512]{1,0} exponential(%x)
+  %y = f32[64,512]{1,0} negate(%h)
+  %g = f32[64,512]{1,0} multiply(%ct, %h)
+  %d = f32[64,512]{1,0} multiply(%g, %wide)
+  ROOT %out = (f32[64,512]{1,0}, f32[64,512]{1,0}) tuple(%y, %d)
+}
+"""
+
+
+def test_a_value_made_from_constants_alone_is_held_apart_from_the_saved_activations() -> None:
+    """`h` is saved by every instance; the broadcast constant is held too, but the step's
+    compiler merges the equal ones of every instance of a type into one buffer, so it is
+    counted apart (once per type, `cost.CostModel.memory`)."""
+    held = MemoryAccounting(0, backward_inputs=frozenset({1})).held(_CONSTANT_MADE_EARLY)
+    nbytes = 64 * 512 * 4
+    assert (held.saved, held.constants) == (nbytes, nbytes)
+    free = Schedule.parse(_CONSTANT_MADE_EARLY).argument_free()
+    assert free == [False, False, True, True, False, False, False, False, False]
+
+
 # -- compiled backend -------------------------------------------------------------------------
 
 

@@ -553,7 +553,7 @@ def test_an_instance_depending_on_more_blocks_than_its_profiled_first_instance_i
     )
     row = dict(kind="segment", status="ok", t_comm=1.0, t_comp=1.0, t_total=2.0,
                persistent_memory=1, transient_memory=1, saved_memory=0, gradient_memory=0,
-               memory=2, combined=())  # fmt: skip
+               constant_memory=0, memory=2, combined=())  # fmt: skip
     profiles = pd.DataFrame(
         [
             {**row, "segment": 0, "choices": (0,), "config": "a", "context": ()},

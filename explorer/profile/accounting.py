@@ -43,13 +43,17 @@ class HeldMemory:
 
     The step runs the instances' forward parts in chain order, then their backward parts in
     reverse; instance n's backward part runs while the activations saved by instances 0..n
-    are alive and after the gradients of instances n+1.. were made (`cost.CostModel.memory`).
+    are alive and after the gradients of instances n+1.. were made (`cost.CostModel.memory`);
+    the constants of every type whose first instance ran before are alive too.
     """
 
     persistent: int  # the whole step: the step inputs it owns, copies of donated inputs
     saved: int  # from its forward part to its backward part: the values its backward reads
     gradients: int  # from its backward part to the optimizer: gradients for another instance
     transient: int  # only while it runs: the rest of its working set
+    # from the first instance of its type on: values made from constants alone that its
+    # backward part reads, one buffer for every instance of the type (`held`)
+    constants: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +96,25 @@ class MemoryAccounting:
         # instance, where the step turns, waits for none: it keeps nothing across.
         backward = schedule.downstream(from_backward)
         temporaries = schedule.temporaries()
-        # results are counted where they are received (`kept`): the step has no reader of
-        # them in this backward part (only `realize.segment_program`'s ordering ties do)
-        saved = sum(
-            schedule.buffers[b].nbytes
+        # a value made from constants alone that the backward part reads (a scalar broadcast to
+        # the scores' shape, which a library fusion cannot take in; the zeros an embedding's
+        # gradient is scattered into) is held from the forward part too, but the step's
+        # compiler merges the equal ones of every instance of a type into one buffer (CSE):
+        # `constants`, held once per type, not once per layer (GPT-2.6B: 128 MiB a layer)
+        made_from_constants = schedule.argument_free()
+        across = [
+            b
             for b in temporaries
             if schedule.buffers[b].defined not in backward and schedule.readers[b] & backward
+        ]
+        constants = sum(
+            schedule.buffers[b].nbytes
+            for b in across
+            if made_from_constants[schedule.buffers[b].defined]
         )
+        # results are counted where they are received (`kept`): the step has no reader of
+        # them in this backward part (only `realize.segment_program`'s ordering ties do)
+        saved = sum(schedule.buffers[b].nbytes for b in across) - constants
         arrived = [
             b
             for b, buffer in enumerate(schedule.buffers)
@@ -130,7 +146,8 @@ class MemoryAccounting:
             persistent=self.persistent + copies,
             saved=saved + kept,
             gradients=self.gradients,
-            transient=max(working - saved, 0),
+            transient=max(working - saved - constants, 0),
+            constants=constants,
         )
 
 

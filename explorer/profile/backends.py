@@ -70,6 +70,7 @@ class ProgramProfile:
     transient_memory: int  # only while it runs: the rest of its working set
     saved_memory: int  # from its forward part to its backward part
     gradient_memory: int  # from its backward part to the optimizer
+    constant_memory: int  # from its type's first instance on: one per type (`HeldMemory`)
     collectives: tuple[Collective, ...]
     flops: float
     bytes_accessed: float
@@ -157,7 +158,7 @@ def price_compiled(
     t_comp = compute_time(platform, dots, flops, accessed)
     peak = _memory(compiled)
     if accounting is None:
-        held = HeldMemory(persistent=0, saved=0, gradients=0, transient=peak)
+        held = HeldMemory(persistent=0, saved=0, gradients=0, transient=peak, constants=0)
     else:
         # what the program keeps for the step and alive at once, from its schedule: its own
         # memory analysis packs temporaries into result buffers the step does not have
@@ -172,6 +173,7 @@ def price_compiled(
         transient_memory=held.transient,
         saved_memory=held.saved,
         gradient_memory=held.gradients,
+        constant_memory=held.constants,
         collectives=collectives,
         flops=flops,
         bytes_accessed=accessed,
@@ -237,6 +239,7 @@ def measure(
         transient_memory=priced.transient_memory,
         saved_memory=priced.saved_memory,
         gradient_memory=priced.gradient_memory,
+        constant_memory=priced.constant_memory,
         collectives=priced.collectives,
         flops=priced.flops,
         bytes_accessed=priced.bytes_accessed,

@@ -196,6 +196,16 @@ class Schedule:
                     pending.append(user)
         return found
 
+    def argument_free(self) -> list[bool]:
+        """Per instruction: whether it reads no program argument, directly or through others
+        (a constant broadcast to a shape, an iota). Such a value waits on nothing."""
+        free: list[bool] = []
+        for instruction in self.instructions:
+            free.append(
+                instruction.opcode != "parameter" and all(free[o] for o in instruction.operands)
+            )
+        return free
+
     def upstream(self, at: int) -> set[int]:
         """The instructions `at` reads, directly or through others, and `at` itself."""
         found = {at}

@@ -56,7 +56,7 @@ __all__ = [
 ]
 
 # Bump when the table changes; add a step to `_MIGRATIONS` when old rows can be carried over.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 30.0
 # Stay under SQLite's host-parameter limit (999 in old builds) in `get_many`.
 _CHUNK = 500
@@ -111,6 +111,9 @@ class ProfileRecord:
     # -1 in rows from before they were recorded
     saved_memory: int = dataclasses.field(kw_only=True)
     gradient_memory: int = dataclasses.field(kw_only=True)
+    # values made from constants alone, held once per segment type (accounting.HeldMemory);
+    # -1 in rows from before it was recorded
+    constant_memory: int = dataclasses.field(kw_only=True)
 
     def __post_init__(self) -> None:
         if self.status not in _STATUSES:
@@ -150,7 +153,8 @@ CREATE TABLE IF NOT EXISTS profiles (
     bytes_accessed REAL NOT NULL DEFAULT 0,
     dot_flops TEXT NOT NULL DEFAULT '',
     saved_memory INTEGER NOT NULL DEFAULT -1,
-    gradient_memory INTEGER NOT NULL DEFAULT -1
+    gradient_memory INTEGER NOT NULL DEFAULT -1,
+    constant_memory INTEGER NOT NULL DEFAULT -1
 ) WITHOUT ROWID
 """
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM profiles"
@@ -185,10 +189,17 @@ def _add_held_columns(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE profiles ADD COLUMN gradient_memory INTEGER NOT NULL DEFAULT -1")
 
 
+def _add_constant_column(conn: sqlite3.Connection) -> None:
+    # Rows of schema 4 counted values made from constants in every instance's saved memory:
+    # -1 marks the split unknown, so they are profiled again.
+    conn.execute("ALTER TABLE profiles ADD COLUMN constant_memory INTEGER NOT NULL DEFAULT -1")
+
+
 _MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _add_cost_columns,
     2: _mark_unknown_costs,
     3: _add_held_columns,
+    4: _add_constant_column,
 }
 
 
@@ -435,6 +446,7 @@ class ProfileCache:
                     or not found.dot_flops
                     or found.saved_memory < 0
                     or found.gradient_memory < 0
+                    or found.constant_memory < 0
                 )
                 if found.status == "ok" and unknown:
                     stale += 1
@@ -667,4 +679,5 @@ def _from_row(row: Sequence[Any]) -> ProfileRecord:
         dot_flops=dot_flops,
         saved_memory=_whole(named, "saved_memory", low=-1),
         gradient_memory=_whole(named, "gradient_memory", low=-1),
+        constant_memory=_whole(named, "constant_memory", low=-1),
     )

@@ -62,7 +62,8 @@ DYNAMIC_LIMIT_FACTOR = 4.0
 
 COLUMNS = [
     "kind", "segment", "label", "config", "choices", "t_comm", "t_comp", "t_total", "memory",
-    "persistent_memory", "transient_memory", "saved_memory", "gradient_memory", "status",
+    "persistent_memory", "transient_memory", "saved_memory", "gradient_memory",
+    "constant_memory", "status",
     "reason", "collectives", "cached", "seconds", "context", "combined", "program",
 ]  # fmt: skip
 
