@@ -125,21 +125,6 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=None, help="override num_layers")
 
 
-def _zoo_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The zoo model function and its configuration the arguments name."""
-    model_fn, config_cls = models.MODELS[args.model]
-    preset = getattr(config_cls, args.preset, None)
-    if preset is None or not callable(preset):
-        raise ExplorerError(
-            f"--preset: {config_cls.__name__} has no preset {args.preset!r}; expected one of "
-            + ", ".join(n for n in dir(config_cls) if n in _PRESETS)
-        )
-    config = preset()
-    if args.layers is not None:
-        config = config.replace(num_layers=args.layers)
-    return model_fn, config
-
-
 def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     """`explorer profile`: profiling on the global mesh of every process of a cluster run."""
     from explorer.cluster.join import run_joined, spec_from_arguments
@@ -158,7 +143,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     if in_child():
         die_with_parent()
     # everything that can be checked alone is checked before joining the others
-    model_fn, config = _zoo_config(args)
+    config = models.model_config(args.model, args.preset, layers=args.layers)
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
     only = tuple(entry.strip() for entry in args.only if entry.strip())
@@ -181,11 +166,12 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     def body(cluster: Any) -> int:
         from explorer.cluster.profile import profile_on_cluster
 
-        step, example = model_fn(config, abstract=True)
+        # built only now: building touches JAX, which must join the cluster first
+        model = models.build(args.model, args.preset, layers=args.layers, abstract=True)
         start = time.perf_counter()
         result = profile_on_cluster(
-            step,
-            *example,
+            model.step,
+            *model.args,
             cluster=cluster,
             mesh=mesh,
             platform=platform,
@@ -216,9 +202,11 @@ def _plan(args: argparse.Namespace) -> int:
     out = writable_path(args.out, "--out") if args.out is not None else None
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
-    model_fn, config = _zoo_config(args)
-    measured = args.backend == "measured"
-    step, example = model_fn(config, abstract=not measured)
+    # measured runs time real arrays; the compiled backend needs only shapes
+    model = models.build(
+        args.model, args.preset, layers=args.layers, abstract=args.backend != "measured"
+    )
+    step, example = model.step, model.args
     start = time.perf_counter()
     cancel = threading.Event()
     with _ctrl_c_cancels(cancel):
@@ -233,7 +221,7 @@ def _plan(args: argparse.Namespace) -> int:
             profile=not args.no_profile,
             cancel=cancel,
         )
-    print(f"{args.model} {args.preset}: {config}")
+    print(f"{args.model} {args.preset}: {model.config}")
     print(analysis.summary())
     if analysis.profile_table is None:
         print(f"analysis took {time.perf_counter() - start:.2f} s")
@@ -342,8 +330,3 @@ def _print_best(table: Any) -> None:
             f"{kind:8} {label:10} {best['config']:32} {1e3 * best['t_comm']:9.3f} "
             f"{1e3 * best['t_comp']:9.3f} {best['memory'] / 2**20:10.1f}"
         )
-
-
-_PRESETS = {
-    "tiny", "small", "gpt_2_6b", "gpt_6_7b", "llama_7b", "moe_7_1b", "bert_large",
-}  # fmt: skip
