@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from explorer import models
@@ -245,9 +248,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
+    # before JAX starts: a checkout without the harness is refused in a second, not minutes in
+    claims = _harness("claims")
     # the meshes go up to 8 devices (16 for the paper's two-node platform); JAX reads this
     # when it first touches a device
     flags = os.environ.get("XLA_FLAGS", "")
@@ -260,29 +262,49 @@ def _bench(args: argparse.Namespace) -> int:
         os.environ["XLA_FLAGS"] = (
             f"{flags} --xla_force_host_platform_device_count={devices}".strip()
         )
-    from explorer.bench import README, REPORT_DIR, run_bench
-
     start = time.perf_counter()
     if args.paper:
-        from explorer.bench_paper import PAPER_DIR, run_paper
-
-        report = run_paper(
+        paper = _harness("paper")
+        report = paper.run_paper(
             quick=args.quick,
-            out=Path(args.out) if args.out else PAPER_DIR,
-            readme=None if args.out else README,
+            out=Path(args.out) if args.out else paper.PAPER_DIR,
+            readme=None if args.out else claims.README,
             cache=Path(args.cache).expanduser() if args.cache else None,
         )
         print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
         return 0
-    report = run_bench(
+    report = claims.run_bench(
         quick=args.quick,
-        out=Path(args.out) if args.out else REPORT_DIR,
-        readme=None if args.out else README,  # the README quotes the repository's report
+        out=Path(args.out) if args.out else claims.REPORT_DIR,
+        readme=None if args.out else claims.README,  # the README quotes the repository's report
         cache=Path(args.cache).expanduser() if args.cache else None,
         sections=[s.strip() for s in args.sections.split(",") if s.strip()],
     )
     print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0
+
+
+BENCH_NEEDS_CHECKOUT = (
+    "explorer bench: expected the benchmark harness (the `benchmarks` package of the "
+    "repository), found no module `benchmarks` on the path nor beside this explorer ({where}): "
+    "explorer is installed without its repository. The benchmark runs from a checkout of the "
+    "repository: clone it, cd into it and run `python -m explorer bench` there."
+)
+
+
+def _harness(module: str) -> ModuleType:
+    """`benchmarks.<module>`: the harness lives in the repository, outside the library. From
+    the checkout this explorer was imported from (an editable install, or `python -m` at its
+    root), else wherever the path finds it."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "benchmarks" / "__init__.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    try:
+        return importlib.import_module(f"benchmarks.{module}")
+    except ModuleNotFoundError as err:
+        if err.name not in ("benchmarks", f"benchmarks.{module}"):
+            raise  # the harness is there, something it needs is not: say that
+        raise ExplorerError(BENCH_NEEDS_CHECKOUT.format(where=checkout)) from err
 
 
 def _row(name: str, plan: Any, truth: Any) -> str:
