@@ -5,7 +5,7 @@ same as at 2 layers: a warm cache makes this cheap after the first run). Two wal
 steps each: the slider widget's value set to a random frontier plan, as a drag does (the
 observer, the frontier lookup, the plan summary, the graph restyle, the bars' highlight and
 the frontier marker), and `Explorer.set_budget` with random budgets between the smallest and
-the largest plan, as `explorer/bench.py`'s slider section does. Run:
+the largest plan, as the report's slider section (`benchmarks/slider.py`) does. Run:
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python benchmarks/ui_bench.py [layers]
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from explorer import models
@@ -125,21 +128,6 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int, default=None, help="override num_layers")
 
 
-def _zoo_config(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The zoo model function and its configuration the arguments name."""
-    model_fn, config_cls = models.MODELS[args.model]
-    preset = getattr(config_cls, args.preset, None)
-    if preset is None or not callable(preset):
-        raise ExplorerError(
-            f"--preset: {config_cls.__name__} has no preset {args.preset!r}; expected one of "
-            + ", ".join(n for n in dir(config_cls) if n in _PRESETS)
-        )
-    config = preset()
-    if args.layers is not None:
-        config = config.replace(num_layers=args.layers)
-    return model_fn, config
-
-
 def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     """`explorer profile`: profiling on the global mesh of every process of a cluster run."""
     from explorer.cluster.join import run_joined, spec_from_arguments
@@ -158,7 +146,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     if in_child():
         die_with_parent()
     # everything that can be checked alone is checked before joining the others
-    model_fn, config = _zoo_config(args)
+    config = models.model_config(args.model, args.preset, layers=args.layers)
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
     only = tuple(entry.strip() for entry in args.only if entry.strip())
@@ -181,11 +169,12 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     def body(cluster: Any) -> int:
         from explorer.cluster.profile import profile_on_cluster
 
-        step, example = model_fn(config, abstract=True)
+        # built only now: building touches JAX, which must join the cluster first
+        model = models.build(args.model, args.preset, layers=args.layers, abstract=True)
         start = time.perf_counter()
         result = profile_on_cluster(
-            step,
-            *example,
+            model.step,
+            *model.args,
             cluster=cluster,
             mesh=mesh,
             platform=platform,
@@ -216,9 +205,11 @@ def _plan(args: argparse.Namespace) -> int:
     out = writable_path(args.out, "--out") if args.out is not None else None
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
-    model_fn, config = _zoo_config(args)
-    measured = args.backend == "measured"
-    step, example = model_fn(config, abstract=not measured)
+    # measured runs time real arrays; the compiled backend needs only shapes
+    model = models.build(
+        args.model, args.preset, layers=args.layers, abstract=args.backend != "measured"
+    )
+    step, example = model.step, model.args
     start = time.perf_counter()
     cancel = threading.Event()
     with _ctrl_c_cancels(cancel):
@@ -233,7 +224,7 @@ def _plan(args: argparse.Namespace) -> int:
             profile=not args.no_profile,
             cancel=cancel,
         )
-    print(f"{args.model} {args.preset}: {config}")
+    print(f"{args.model} {args.preset}: {model.config}")
     print(analysis.summary())
     if analysis.profile_table is None:
         print(f"analysis took {time.perf_counter() - start:.2f} s")
@@ -257,9 +248,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    import os
-    from pathlib import Path
-
+    # before JAX starts: a checkout without the harness is refused in a second, not minutes in
+    claims = _harness("claims")
     # the meshes go up to 8 devices (16 for the paper's two-node platform); JAX reads this
     # when it first touches a device
     flags = os.environ.get("XLA_FLAGS", "")
@@ -272,29 +262,49 @@ def _bench(args: argparse.Namespace) -> int:
         os.environ["XLA_FLAGS"] = (
             f"{flags} --xla_force_host_platform_device_count={devices}".strip()
         )
-    from explorer.bench import README, REPORT_DIR, run_bench
-
     start = time.perf_counter()
     if args.paper:
-        from explorer.bench_paper import PAPER_DIR, run_paper
-
-        report = run_paper(
+        paper = _harness("paper")
+        report = paper.run_paper(
             quick=args.quick,
-            out=Path(args.out) if args.out else PAPER_DIR,
-            readme=None if args.out else README,
+            out=Path(args.out) if args.out else paper.PAPER_DIR,
+            readme=None if args.out else claims.README,
             cache=Path(args.cache).expanduser() if args.cache else None,
         )
         print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
         return 0
-    report = run_bench(
+    report = claims.run_bench(
         quick=args.quick,
-        out=Path(args.out) if args.out else REPORT_DIR,
-        readme=None if args.out else README,  # the README quotes the repository's report
+        out=Path(args.out) if args.out else claims.REPORT_DIR,
+        readme=None if args.out else claims.README,  # the README quotes the repository's report
         cache=Path(args.cache).expanduser() if args.cache else None,
         sections=[s.strip() for s in args.sections.split(",") if s.strip()],
     )
     print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
     return 0
+
+
+BENCH_NEEDS_CHECKOUT = (
+    "explorer bench: expected the benchmark harness (the `benchmarks` package of the "
+    "repository), found no module `benchmarks` on the path nor beside this explorer ({where}): "
+    "explorer is installed without its repository. The benchmark runs from a checkout of the "
+    "repository: clone it, cd into it and run `python -m explorer bench` there."
+)
+
+
+def _harness(module: str) -> ModuleType:
+    """`benchmarks.<module>`: the harness lives in the repository, outside the library. From
+    the checkout this explorer was imported from (an editable install, or `python -m` at its
+    root), else wherever the path finds it."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "benchmarks" / "__init__.py").is_file() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    try:
+        return importlib.import_module(f"benchmarks.{module}")
+    except ModuleNotFoundError as err:
+        if err.name not in ("benchmarks", f"benchmarks.{module}"):
+            raise  # the harness is there, something it needs is not: say that
+        raise ExplorerError(BENCH_NEEDS_CHECKOUT.format(where=checkout)) from err
 
 
 def _row(name: str, plan: Any, truth: Any) -> str:
@@ -342,8 +352,3 @@ def _print_best(table: Any) -> None:
             f"{kind:8} {label:10} {best['config']:32} {1e3 * best['t_comm']:9.3f} "
             f"{1e3 * best['t_comp']:9.3f} {best['memory'] / 2**20:10.1f}"
         )
-
-
-_PRESETS = {
-    "tiny", "small", "gpt_2_6b", "gpt_6_7b", "llama_7b", "moe_7_1b", "bert_large",
-}  # fmt: skip

@@ -26,10 +26,9 @@ SHARED_CACHE = Path(tempfile.gettempdir()) / f"explorer-tests-{os.getpid()}.sqli
 
 @cache
 def traced(name: str, num_layers: int = 2, **changes: Any) -> tuple[Any, Any, Graph]:
-    fn, config_cls = ex.models.MODELS[name]
-    config = config_cls.tiny().replace(num_layers=num_layers, **changes)
-    step, args = fn(config)
-    return step, args, ex.trace(step, *args)
+    """Tiny zoo model `name` (`changes`: its batch or dtype), built and traced."""
+    model = ex.models.build(name, "tiny", layers=num_layers, **changes)
+    return model.step, model.args, ex.trace(model.step, *model.args)
 
 
 @cache

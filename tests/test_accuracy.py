@@ -36,8 +36,8 @@ TIME_MEDIAN, TIME_WORST, MEMORY_MEDIAN, RANK = 0.03, 0.10, 0.05, 0.95
 @cache
 def _checked(name: str, mesh: tuple[int, ...]) -> tuple[Any, Any, tuple[Any, ...], AccuracyReport]:
     """The analysis of a case and its accuracy report (shared by the tests of this module)."""
-    fn, config_cls = ex.models.MODELS[name]
-    step, args = fn(config_cls.tiny().replace(num_layers=2))
+    model = ex.models.build(name, "tiny", layers=2)
+    step, args = model.step, model.args
     analysis = ex.analyze(
         step, *args, mesh=mesh, platform="a100-pcie-8", cache=SHARED_CACHE, progress=False
     )

@@ -10,20 +10,14 @@ import pandas as pd
 import pytest
 from helpers import SHARED_CACHE
 
-from explorer.bench import (
-    README_END,
-    README_START,
-    Case,
-    Run,
-    _accuracy_case,
-    geomean,
-    quality_summary,
-    quick_settings,
-    write_report,
-)
-from explorer.bench_paper import BASELINES, PaperCase, paper_cases, run_paper
-from explorer.bench_paper import README_END as PAPER_END
-from explorer.bench_paper import README_START as PAPER_START
+from benchmarks.accuracy import accuracy_case
+from benchmarks.cases import README_END, README_START, Case, Run, quick_settings
+from benchmarks.paper import run_paper
+from benchmarks.paper_grid import BASELINES, PaperCase, paper_cases
+from benchmarks.paper_grid import README_END as PAPER_END
+from benchmarks.paper_grid import README_START as PAPER_START
+from benchmarks.quality import geomean, quality_summary
+from benchmarks.report import write_report
 from explorer.errors import ExplorerError
 
 
@@ -35,7 +29,7 @@ def _run(tmp_path: Path) -> Run:
 def test_accuracy_rows_compare_real_predictions_with_whole_step_truth(tmp_path: Path) -> None:
     run = _run(tmp_path)
     # tiny GPT (2 layers) on 4 devices: the profiles the plan tests made, from the session cache
-    _accuracy_case(run, Case("gpt", "tiny", (4,)), "a100-pcie-8", "compiled", 4)
+    accuracy_case(run, Case("gpt", "tiny", (4,)), "a100-pcie-8", "compiled", 4)
     assert not run.failures
     frame = pd.DataFrame(run.accuracy)
     assert len(frame) == 4
@@ -137,3 +131,27 @@ def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_rea
     text = report.read_text()
     assert "v100-nvlink-4 mesh 8: the platform has 4 devices, the mesh needs 8" in text
     assert "0 of 1 cases done" in text and "## Failures\n\nNone." in text
+
+
+def test_the_library_imports_no_benchmark_harness() -> None:
+    """The harness (writing under assets/, running the app) lives in benchmarks/, outside the
+    package: no module of `explorer` imports it, and only the command line names it (lazily,
+    refusing clearly where it is not installed)."""
+    import ast
+
+    import explorer
+
+    root = Path(explorer.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            offenders += [f"{path.relative_to(root)}: {n}" for n in names if "bench" in n]
+    assert offenders == []
+    assert not (root / "bench.py").exists() and not (root / "bench_paper.py").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -161,3 +162,36 @@ def test_ctrl_c_stops_profiling_in_seconds_keeps_rows_and_exits_130(tmp_path: Pa
     # bound is loose for a loaded machine: 7-18 s measured on 2 shared cores
     assert stopped < 60.0, f"took {stopped:.1f} s to stop"
     print(f"stopped {stopped:.1f} s after Ctrl-C, {finished} of {total} programs kept")
+
+
+# -- bench: the harness is the repository's (benchmarks/), imported by the command lazily -------
+
+
+def test_bench_from_a_checkout_finds_the_harness_outside_the_library(tmp_path: Path) -> None:
+    # from the repository root, as the README says; a bad section is refused before any work,
+    # by the harness itself (so it was imported)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-m", "explorer", "bench", "--sections", "speed", "--out", str(tmp_path)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "bench sections: expected some of overhead, accuracy, quality, slider" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_bench_without_the_repository_says_to_run_it_from_a_checkout(tmp_path: Path) -> None:
+    # explorer installed alone: the package without the repository around it
+    site = tmp_path / "site"
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "explorer", site / "explorer", ignore=skip)
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    result = subprocess.run(
+        [sys.executable, "-m", "explorer", "bench", "--quick"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    err = result.stderr
+    assert err.startswith("error: explorer bench: expected the benchmark harness"), err
+    assert "runs from a checkout of the repository" in err and "cd into it" in err
+    assert str(site) in err and "Traceback" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from functools import partial
 from typing import Any
@@ -12,6 +13,7 @@ import jax.extend
 import jax.numpy as jnp
 import pytest
 
+from explorer.errors import InputError
 from explorer.models import (
     MODELS,
     BertConfig,
@@ -20,10 +22,13 @@ from explorer.models import (
     LlamaConfig,
     MoEConfig,
     bert,
+    build,
     flax_decoder,
     gpt,
     llama,
+    model_config,
     moe,
+    presets,
 )
 from explorer.models._common import BaseConfig
 from explorer.trace import trace
@@ -35,8 +40,8 @@ CONTROL_FLOW = {"scan", "while", "cond"}
 @pytest.fixture(scope="module", params=MODEL_NAMES)
 def trained(request: pytest.FixtureRequest) -> dict[str, Any]:
     """Build a tiny model, jit its step once and train 20 steps on its fixed batch."""
-    model_fn, _ = MODELS[request.param]
-    step, args = model_fn()
+    model = build(request.param, "tiny")
+    step, args = model.step, model.args
     jitted = jax.jit(step)
     params, opt_state, batch, rng = args
     losses = []
@@ -81,8 +86,8 @@ def test_loss_decreases(trained: dict[str, Any]) -> None:
 
 
 def test_abstract_args_match_concrete(trained: dict[str, Any]) -> None:
-    model_fn, _ = MODELS[trained["name"]]
-    step, abstract_args = model_fn(abstract=True)
+    built = build(trained["name"], "tiny", abstract=True)
+    step, abstract_args = built.step, built.args
     concrete = trained["args"]
     assert jax.tree.structure(abstract_args) == jax.tree.structure(concrete)
     for a, c in zip(jax.tree.leaves(abstract_args), jax.tree.leaves(concrete), strict=True):
@@ -204,8 +209,8 @@ def _dot_operand_dtypes(jaxpr: Any) -> set[str]:
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_tiny_bf16_preset_steps_in_bf16(name: str) -> None:
-    model_fn, config_cls = MODELS[name]
-    step, args = model_fn(config_cls.tiny_bf16())
+    model = build(name, "tiny_bf16")
+    step, args = model.step, model.args
     params = args[0]
     assert {str(p.dtype) for p in jax.tree.leaves(params)} == {"bfloat16"}
     # every matmul multiplies bf16 by bf16; softmax, norms and the loss stay f32 inside
@@ -257,3 +262,45 @@ def test_moe_gating_respects_capacity() -> None:
     assert float(jnp.max(jnp.sum(dispatch, axis=(2, 3)))) <= 2.0
     assert float(jnp.max(jnp.sum(combine, axis=(2, 3)))) <= 1.0 + 1e-6
     assert float(aux) > 0.0
+
+
+# -- build: the zoo by name, inputs checked before anything is built ---------------------------
+
+
+def test_build_applies_depth_batch_and_dtype_and_gives_shapes_when_abstract() -> None:
+    model = build("llama", "tiny", layers=1, batch=4, dtype="bfloat16", abstract=True)
+    assert model.config == LlamaConfig.tiny().replace(num_layers=1, batch=4, dtype="bfloat16")
+    assert (model.name, model.preset) == ("llama", "tiny")
+    params, _, data, _ = model.args
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(model.args))
+    assert len(params["layers"]) == 1 and data["tokens"].shape[0] == 4
+    assert {str(p.dtype) for p in jax.tree.leaves(params)} == {"bfloat16"}
+    # the same step and arguments the model function gives for that config
+    _, expected = llama(model.config, abstract=True)
+    assert jax.tree.structure(expected) == jax.tree.structure(model.args)
+    assert model.step.explorer_arg_roles == ("params", "opt_state", "data", "rng")
+
+
+@pytest.mark.parametrize(
+    ("name", "preset", "changes", "message"),
+    [
+        ("gtp", "tiny", {}, "expected one of gpt, llama, moe, bert, flax_decoder, found 'gtp'"),
+        ("gpt", "huge", {}, "gpt has no preset 'huge'; expected one of tiny, tiny_bf16, small"),
+        ("bert", "llama_7b", {}, "bert has no preset 'llama_7b'"),
+        ("gpt", "tiny", {"layers": 0}, "layers: expected a positive int or None"),
+        ("gpt", "tiny", {"layers": 2.0}, "layers: expected a positive int or None"),
+        ("gpt", "tiny", {"batch": True}, "batch: expected a positive int or None"),
+        ("gpt", "tiny", {"dtype": "int32"}, "expected a floating dtype, found 'int32'"),
+    ],
+)
+def test_build_refuses_bad_input_naming_the_valid_choices(
+    name: str, preset: str, changes: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InputError, match=re.escape(message)):
+        build(name, preset, **changes)
+
+
+def test_every_listed_preset_of_every_model_builds_by_name() -> None:
+    for name in MODELS:
+        for preset in presets(name):
+            assert type(model_config(name, preset)) is MODELS[name][1]

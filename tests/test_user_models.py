@@ -67,8 +67,8 @@ def test_a_train_state_is_classified_leaf_by_leaf() -> None:
 
 @pytest.mark.parametrize("name", ["gpt", "moe"])
 def test_inferred_roles_agree_with_the_zoo_declared_ones(name: str) -> None:
-    fn, config_cls = ex.models.MODELS[name]
-    step, args = fn(config_cls.tiny(), abstract=True)
+    model = ex.models.build(name, "tiny", abstract=True)
+    step, args = model.step, model.args
     declared = ex.trace(step, *args)
     inferred = ex.trace(functools.partial(step), *args)  # a partial hides the declared roles
     assert "declared" in declared.role_summary() and "inferred" in inferred.role_summary()

@@ -101,11 +101,13 @@ class Runner(Presenter):
         with self._lock:
             before = self._snapshot()
         try:
-            model_fn, config_cls = models.MODELS[settings.model]
-            config = getattr(config_cls, settings.preset)()
-            if settings.layers:
-                config = config.replace(num_layers=settings.layers)
-            step, args = model_fn(config, abstract=settings.backend == "compiled")
+            model = models.build(
+                settings.model,
+                settings.preset,
+                layers=settings.layers or None,
+                abstract=settings.backend == "compiled",
+            )
+            step, args = model.step, model.args
             options = dict(self.analyze_options)
             only = options.pop("only", paired_strategies if settings.quick else None)
             common: dict[str, Any] = {

@@ -1,0 +1,290 @@
+"""`python -m explorer bench --paper [--quick]`: plan quality at the paper's scale.
+
+The paper's models (GPT-2.6B, GPT-6.7B, LLaMA-7B, GShard MoE-7.1B, BERT-large; bf16 mixed
+precision, from abstract shapes) on its platforms and meshes, at the paper's batch and a
+quarter of it. For each case the CFP plan (fastest predicted within the platform's device
+memory) and the baselines (DP, Megatron, FSDP/ZeRO-3, the Alpa-style ILP with Alpa's 600 s
+limit) are all judged by the same truth: the whole step compiled under the plan and priced on
+the platform. Where a baseline beats the CFP plan, the report names the blocks whose strategy
+differs and the collectives of the two compiled steps that differ.
+
+Cases run most informative first (every model on the 8-GPU A100 node at the smaller batch,
+then at the paper's, then the other meshes), and the report is written after every case,
+so a run stopped early leaves a valid partial report that lists the cases it did not reach.
+Evaluations are kept by plan digest (`evaluation_store`) beside the profile cache, so a warm
+run compiles nothing it compiled before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cases import Case, build_step
+from benchmarks.paper_grid import (
+    ALPA_TIME_LIMIT,
+    BASELINES,
+    DEFAULT_CACHE,
+    PAPER_DIR,
+    PaperCase,
+    PaperRun,
+    paper_cases,
+)
+from benchmarks.paper_report import write_report
+from benchmarks.quality import strategy_mix
+
+
+def run_case(run: PaperRun, case: PaperCase) -> None:
+    """Analyse, plan, price every baseline and evaluate every plan of one case."""
+    from explorer.pipeline import analyze
+    from explorer.platforms import load_platform
+    from explorer.profile.runner import distinct_programs
+    from explorer.solve import NoPlanFitsError, solve_frontier
+
+    platform = load_platform(case.platform)
+    if platform.devices < math.prod(case.mesh):
+        run.skipped.append(
+            f"{case.label}: the platform has {platform.devices} devices, the mesh needs "
+            f"{math.prod(case.mesh)}"
+        )
+        return
+    capacity = platform.device.memory_bytes
+    began = start = time.perf_counter()
+    step, args = build_step(
+        Case(case.model, case.preset, case.mesh, batch=case.batch, layers=case.layers)
+    )
+    analysis = analyze(
+        step, *args, mesh=case.mesh, platform=platform, cache=run.cache, progress=False
+    )
+    analyse_s = time.perf_counter() - start
+    table = analysis.profiles
+    cost: dict[str, Any] = {
+        "programs": distinct_programs(table),  # a boundary where nothing moves has none
+        "programs_from_cache": distinct_programs(table[table["cached"]]),
+        "analyse_s": analyse_s,  # trace, blocks, segments and profiling
+    }
+    start = time.perf_counter()
+    assert analysis.cost_model is not None  # a profiled analysis has one
+    solve_frontier(analysis.cost_model, uniform=bool(analysis.graph.loops))
+    cost["solve_s"] = time.perf_counter() - start
+    plans: dict[str, Any] = {}
+    notes: dict[str, str] = {}
+    fitting = [p.time for p in analysis.frontier.points if p.memory <= capacity]
+    try:
+        plans["cfp"] = analysis.plan(memory_budget=capacity)
+    except NoPlanFitsError:
+        notes["cfp"] = (
+            f"no plan fits {capacity / 2**30:.0f} GiB: the smallest predicted needs "
+            f"{analysis.frontier.min_memory / 2**30:.1f} GiB"
+        )
+    for name in BASELINES:
+        begun = time.perf_counter()
+        try:
+            plans[name], notes[name] = _baseline(analysis, name, capacity)
+        except Exception as err:
+            run.failed(f"{case.label}: {name}", err)
+        if name == "alpa":
+            cost["alpa_total_s"] = time.perf_counter() - begun
+    truths = _evaluate_all(run, case, plans, step, args)
+    for name in ("cfp", *BASELINES):
+        plan, truth = plans.get(name), truths.get(name)
+        run.rows.append(
+            _row(case, name, plan, truth, capacity=capacity, note=notes.get(name, ""), cost=cost)
+        )
+        if name == "cfp" and plan is not None:
+            run.rows[-1]["cfp_space_min_s"] = min(fitting) if fitting else math.nan
+    _explain_losses(run, case, plans, truths, capacity)
+    run.done.append(case.label)
+    run.log(f"   {case.label}: {time.perf_counter() - began:.0f} s")
+
+
+def _baseline(analysis: Any, name: str, capacity: int) -> tuple[Any, str]:
+    """A baseline plan and a note on how it was obtained."""
+    from explorer.alpa import AlpaBudgetError, AlpaTimeLimitWarning
+
+    if name != "alpa":
+        return analysis.baseline(name), ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", AlpaTimeLimitWarning)
+        try:
+            plan = analysis.baseline(name, memory_budget=capacity, time_limit=ALPA_TIME_LIMIT)
+            note = ""
+        except AlpaBudgetError:
+            plan = analysis.baseline(name, time_limit=ALPA_TIME_LIMIT)
+            note = "no ILP solution within the device memory: solved without the budget"
+    ilp = plan.document.get("ilp", {})
+    status = str(ilp.get("status", ""))
+    if any(issubclass(w.category, AlpaTimeLimitWarning) for w in caught):
+        status += f" (hit the {ALPA_TIME_LIMIT:.0f} s limit: best feasible plan)"
+    return plan, "; ".join(part for part in (f"ILP {status}", note) if part)
+
+
+def _evaluate_all(
+    run: PaperRun, case: PaperCase, plans: dict[str, Any], step: Any, args: Any
+) -> dict[str, Any]:
+    from explorer.plan import evaluate_on
+
+    truths = {}
+    for name, plan in plans.items():
+        try:
+            truths[name] = evaluate_on(plan, [case.platform], step, *args)[case.platform]
+        except Exception as err:
+            run.failed(f"{case.label}: evaluate {name}", err)
+    return truths
+
+
+def _row(
+    case: PaperCase,
+    name: str,
+    plan: Any,
+    truth: Any,
+    *,
+    capacity: int,
+    note: str,
+    cost: dict[str, Any],
+) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "case": case.label,
+        "model": case.preset,
+        "platform": case.platform,
+        "mesh": "x".join(map(str, case.mesh)),
+        "batch": case.batch,
+        "paper_batch": case.paper_batch,
+        "layers": case.layers if case.layers is not None else "preset",
+        "plan": name,
+        "predicted_s": plan.time if plan is not None else math.nan,
+        "predicted_memory": plan.memory if plan is not None else math.nan,
+        "evaluated_s": truth.time if truth is not None else math.nan,
+        "evaluated_comm_s": truth.t_comm if truth is not None else math.nan,
+        "evaluated_memory": truth.memory if truth is not None else math.nan,
+        "device_memory": capacity,
+        "fits": bool(truth is not None and truth.memory <= capacity),
+        "time_error": (plan.time - truth.time) / truth.time
+        if plan is not None and truth is not None and truth.time
+        else math.nan,
+        "strategies": strategy_mix(plan) if plan is not None else "",
+        "note": note,
+    }
+    if name == "cfp":
+        row.update(cost)
+    if name == "alpa" and plan is not None:
+        ilp = plan.document.get("ilp", {})
+        row.update(
+            alpa_solve_s=ilp.get("solve_seconds", math.nan),
+            alpa_variables=ilp.get("variables", math.nan),
+            alpa_total_s=cost.get("alpa_total_s", math.nan),
+        )
+    return row
+
+
+def _explain_losses(
+    run: PaperRun, case: PaperCase, plans: dict[str, Any], truths: dict[str, Any], capacity: int
+) -> None:
+    """For every baseline that fits and beats the CFP plan on the truth: the blocks whose
+    strategy differs and the collectives of the two compiled steps that differ."""
+    cfp, cfp_truth = plans.get("cfp"), truths.get("cfp")
+    if cfp is None or cfp_truth is None:
+        return
+    for name in BASELINES:
+        other, truth = plans.get(name), truths.get(name)
+        if other is None or truth is None or truth.memory > capacity:
+            continue
+        if truth.time >= cfp_truth.time:
+            continue
+        run.losses.append(
+            {
+                "case": case.label,
+                "baseline": name,
+                "ratio": truth.time / cfp_truth.time,
+                "blocks": _block_difference(cfp, other),
+                "collectives": _collective_difference(cfp_truth, truth),
+                "time": (
+                    f"communication {1e3 * cfp_truth.t_comm:.1f} vs {1e3 * truth.t_comm:.1f} ms, "
+                    f"computation {1e3 * cfp_truth.t_comp:.1f} vs {1e3 * truth.t_comp:.1f} ms "
+                    "(CFP vs baseline)"
+                ),
+            }
+        )
+
+
+def _block_difference(cfp: Any, other: Any) -> str:
+    if "values" in other.document:
+        return "the baseline is a per-op plan (no block strategies): every layout may differ"
+    pairs = Counter(
+        (block["scope"], mine, theirs)
+        for block, mine, theirs in zip(
+            cfp.document["blocks"], cfp.strategies, other.strategies, strict=True
+        )
+        if mine != theirs
+    )
+    if not pairs:
+        if cfp.document.get("parameters") != other.document.get("parameters"):
+            return "same block strategies; the parameter layouts differ (sharded parameters)"
+        return "same block strategies"
+    listed = ", ".join(
+        f"{scope}: {mine} (CFP) vs {theirs}" + (f" x{n}" if n > 1 else "")
+        for (scope, mine, theirs), n in pairs.most_common(6)
+    )
+    more = len(pairs) - 6
+    return f"{sum(pairs.values())} blocks differ: {listed}" + (
+        f", and {more} more" if more > 0 else ""
+    )
+
+
+def _collective_difference(cfp: Any, other: Any) -> str:
+    """Per collective kind and group: count and bytes in each step, where they differ."""
+
+    def tally(evaluation: Any) -> dict[tuple[str, int], tuple[int, int]]:
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for kind, nbytes, _axes, group in evaluation.emitted:
+            count, total = out.get((kind, group), (0, 0))
+            out[(kind, group)] = (count + 1, total + nbytes)
+        return out
+
+    mine, theirs = tally(cfp), tally(other)
+    parts = []
+    for key in sorted(set(mine) | set(theirs)):
+        a, b = mine.get(key, (0, 0)), theirs.get(key, (0, 0))
+        if a != b:
+            parts.append(
+                f"{key[0]} (groups of {key[1]}): {a[0]} x {a[1] / 2**20:.1f} MiB (CFP) vs "
+                f"{b[0]} x {b[1] / 2**20:.1f} MiB"
+            )
+    return "; ".join(parts) or "the same collectives"
+
+
+def run_paper(
+    quick: bool,
+    *,
+    out: Path = PAPER_DIR,
+    cache: Path | None = None,
+    log: Callable[[str], None] = print,
+    readme: Path | None = None,
+    cases: Sequence[PaperCase] | None = None,
+) -> Path:
+    """Run the paper grid (or `cases`), writing the report after every case; returns its
+    path. `cache` keeps profiles, and whole-step evaluations beside it (default: in the
+    user's cache folder, so that a second run is warm)."""
+    from explorer.evaluation_store import evaluations_kept_in
+
+    grid = tuple(cases) if cases is not None else paper_cases(quick)
+    cache = cache if cache is not None else DEFAULT_CACHE.expanduser()
+    run = PaperRun(quick, grid, out, cache, log)
+    with evaluations_kept_in(cache.with_suffix(".evaluations.sqlite")) as store:
+        for case in grid:
+            log(f"== {case.label}")
+            try:
+                run_case(run, case)
+            except Exception as err:
+                run.failed(case.label, err)
+            run.evaluations_kept = store.hits
+            write_report(run, finished=False, readme=readme)  # a stopped run says so
+    report = write_report(run, finished=True, readme=readme)
+    minutes = (time.perf_counter() - run.started) / 60
+    log(f"paper grid: {len(run.done)} of {len(grid)} cases in {minutes:.1f} min")
+    return report

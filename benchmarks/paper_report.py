@@ -1,0 +1,223 @@
+"""The paper grid's report: per model, per case, the goals reached, where a baseline beats the
+CFP plan; and the README's section at the paper's scale."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform as host
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from benchmarks.markdown import markdown, replace_section
+from benchmarks.paper_grid import (
+    BASELINES,
+    QUICK_LAYERS,
+    README_END,
+    README_START,
+    PaperCase,
+    PaperRun,
+)
+from benchmarks.quality import geomean
+
+
+def case_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per case: the CFP plan's evaluated time and error, and each baseline's time over it."""
+    rows = []
+    for label, group in frame.groupby("case", sort=False):
+        by_plan = {r["plan"]: r for r in group.to_dict("records")}
+        cfp = by_plan.get("cfp", {})
+        time_ms = 1e3 * cfp.get("evaluated_s", math.nan)
+        row: dict[str, Any] = {
+            "case": label,
+            # where no plan fits, the note says by how much
+            "CFP ms": time_ms if math.isfinite(time_ms) else str(cfp.get("note", "")),
+            "CFP error": _percent(cfp.get("time_error", math.nan)),
+            "CFP fits": bool(cfp.get("fits", False)),
+        }
+        for name in BASELINES:
+            other = by_plan.get(name)
+            row[name] = _ratio_cell(cfp, other)
+        row["programs"] = cfp.get("programs", math.nan)
+        row["analyse s"] = cfp.get("analyse_s", math.nan)
+        row["solve s"] = cfp.get("solve_s", math.nan)
+        alpa = by_plan.get("alpa", {})
+        row["Alpa ILP s"] = alpa.get("alpa_solve_s", math.nan)
+        row["Alpa ILP"] = alpa.get("note", "")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ratio_cell(cfp: dict[Any, Any], other: dict[Any, Any] | None) -> str:
+    if other is None or not math.isfinite(other.get("evaluated_s", math.nan)):
+        return "failed"
+    oom = "" if other["fits"] else " (OOM)"
+    if not math.isfinite(cfp.get("evaluated_s", math.nan)):
+        return f"{1e3 * other['evaluated_s']:.0f} ms{oom}"
+    return f"{other['evaluated_s'] / cfp['evaluated_s']:.2f}{oom}"
+
+
+def _percent(value: float) -> str:
+    return "" if not math.isfinite(value) else f"{100 * value:+.1f}%"
+
+
+def ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per case and baseline: baseline time over CFP time on the truth, where both exist.
+    A baseline that does not fit the device counts as it runs: it cannot (so it is left
+    out of the means and counted apart)."""
+    rows = []
+    for label, group in frame.groupby("case", sort=False):
+        by_plan = {r["plan"]: r for r in group.to_dict("records")}
+        cfp = by_plan.get("cfp")
+        if cfp is None or not math.isfinite(cfp["evaluated_s"]):
+            continue
+        for name in BASELINES:
+            other = by_plan.get(name)
+            if other is None or not math.isfinite(other["evaluated_s"]):
+                continue
+            rows.append(
+                {
+                    "case": label,
+                    "model": cfp["model"],
+                    "baseline": name,
+                    "ratio": other["evaluated_s"] / cfp["evaluated_s"],
+                    "baseline_fits": bool(other["fits"]),
+                    "cfp_error": cfp["time_error"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def headline(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per model: geometric mean of baseline / CFP over its cases (baselines that fit), the
+    cases where a baseline does not fit, and the CFP plan's prediction error."""
+    table = ratios(frame)
+    rows = []
+    for model, group in frame.groupby("model", sort=False):
+        cfp = group[(group["plan"] == "cfp") & group["evaluated_s"].notna()]
+        row: dict[str, Any] = {"model": model, "cases": int(group["case"].nunique())}
+        mine = table[table["model"] == model] if not table.empty else table
+        for name in BASELINES:
+            picked = mine[(mine["baseline"] == name)] if not mine.empty else mine
+            fits = picked[picked["baseline_fits"]] if not picked.empty else picked
+            mean = geomean(list(fits["ratio"])) if not fits.empty else math.nan
+            oom = int((~picked["baseline_fits"]).sum()) if not picked.empty else 0
+            row[name] = ("" if math.isnan(mean) else f"{mean:.2f}x") + (
+                f" ({oom} OOM)" if oom else ""
+            )
+        errors = cfp["time_error"].abs().dropna()
+        row["CFP abs. error median"] = f"{100 * errors.median():.1f}%" if len(errors) else ""
+        row["CFP abs. error worst"] = f"{100 * errors.max():.1f}%" if len(errors) else ""
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def goals(frame: pd.DataFrame) -> list[str]:
+    """The issue's goals, each with what this run reached."""
+    table = ratios(frame)
+    if table.empty:
+        return ["No case has both a CFP plan and a baseline evaluated yet."]
+    fits = table[table["baseline_fits"]]
+    per_case = fits.groupby("case")["ratio"].min()
+    alpa = fits[fits["baseline"] == "alpa"]["ratio"]
+    moe = fits[(fits["baseline"] == "alpa") & fits["model"].str.startswith("moe")]["ratio"]
+    cfp = frame[(frame["plan"] == "cfp") & frame["evaluated_s"].notna()]
+    within = int((cfp["time_error"].abs() <= 0.05).sum())
+    return [
+        f"CFP at least as fast as every baseline that fits: {int((per_case >= 1.0).sum())} of "
+        f"{len(per_case)} cases (goal: all).",
+        f"Geometric mean over cases against the Alpa-style ILP: {geomean(list(alpa)):.2f}x "
+        "(goal: 1.3x); on MoE: "
+        + (f"{geomean(list(moe)):.2f}x" if len(moe) else "no case yet")
+        + " (goal: 1.5x).",
+        f"CFP prediction within 5 % of the truth: {within} of {len(cfp)} cases (goal: all).",
+    ]
+
+
+def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -> Path:
+    import jax
+
+    run.out.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame(run.rows)
+    frame.to_csv(run.out / "paper.csv", index=False)
+    minutes = (time.perf_counter() - run.started) / 60
+    command = "python -m explorer bench --paper" + (" --quick" if run.quick else "")
+    state = (
+        f"in {minutes:.1f} minutes"
+        if finished
+        else f"**not finished**: this checkpoint was written {minutes:.1f} minutes in"
+    )
+    missing = [c.label for c in run.cases if c.label not in run.done and not _skipped(run, c)]
+    lines = [
+        "# Plan quality at the paper's scale",
+        "",
+        f"Generated by `{command}` {state}, on {os.cpu_count()} CPU cores ({host.machine()}, "
+        f"Python {host.python_version()}, JAX {jax.__version__}); {len(run.done)} of "
+        f"{len(run.cases)} cases done; {run.evaluations_kept} whole-step evaluations read "
+        "from the evaluation store (plans compiled before, in this run or an earlier one; the "
+        "rest compiled). Every figure comes from that run; "
+        "`paper.csv` holds "
+        "every row. Times are the whole training step compiled under each plan and priced on "
+        "the platform (the `compiled` backend); ratios are baseline / CFP (> 1: CFP faster); "
+        "OOM: the plan's compiled step needs more than the device memory."
+        + (f" Quick grid: {QUICK_LAYERS} layers per model." if run.quick else ""),
+        "",
+        "## Goals",
+        "",
+        *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
+        "",
+        "## Per model",
+        "",
+        markdown(headline(frame)) if not frame.empty else "_(no case done yet)_\n",
+        "## Per case",
+        "",
+        markdown(case_table(frame)) if not frame.empty else "_(no case done yet)_\n",
+        "## Where a baseline beats CFP",
+        "",
+    ]
+    if run.losses:
+        for loss in run.losses:
+            lines += [
+                f"- **{loss['case']}**, {loss['baseline']} ({loss['ratio']:.2f}x): "
+                f"{loss['blocks']}. Collectives: {loss['collectives']}. {loss['time']}.",
+            ]
+    else:
+        lines.append("Nowhere among the cases done.")
+    lines += ["", "## Not run", ""]
+    lines += [f"- {line}" for line in run.skipped]
+    lines += [f"- {label}: not reached before the run ended" for label in missing]
+    if not run.skipped and not missing:
+        lines.append("Nothing: every case of the grid ran.")
+    lines += ["", "## Failures", ""]
+    lines += [f"- {line}" for line in run.failures] or ["None."]
+    report = run.out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    if readme is not None:
+        _update_readme(readme, frame, command, minutes, finished)
+    return report
+
+
+def _skipped(run: PaperRun, case: PaperCase) -> bool:
+    return any(line.startswith(case.label + ":") for line in run.skipped)
+
+
+def _update_readme(
+    readme: Path, frame: pd.DataFrame, command: str, minutes: float, done: bool
+) -> None:
+    status = f"{minutes:.0f} min" + ("" if done else ", stopped before the end")
+    lines = [
+        README_START,
+        "",
+        f"From `{command}` ({status}); the report with every case, the losses and their "
+        "causes is [`assets/bench/paper/report.md`](assets/bench/paper/report.md). Baseline "
+        "time over CFP time, geometric mean over the cases where the baseline fits the device:",
+        "",
+        markdown(headline(frame)) if not frame.empty else "_(no case done yet)_\n",
+        *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
+        "",
+        README_END,
+    ]
+    replace_section(readme, README_START, README_END, lines)
