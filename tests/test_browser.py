@@ -222,12 +222,21 @@ def test_the_explorer_in_jupyterlab(lab: tuple[str, Path], tmp_path: Path) -> No
             expect(summary).to_contain_text("mesh 2x4 (x, y)")
             _no_failure(app)
 
-            # the MoE model on the same mesh
+            # the MoE model on the same mesh. The progress line still reads "profiles from"
+            # the 2x4 run until the kernel has taken the click: wait for the new run's own line
             app.locator(".explorer-model select").select_option(label="moe")
             app.locator(".explorer-preset select").select_option(label="tiny")
+            before = [progress.inner_text(), summary.inner_text()]
             app.locator(".explorer-run").click()
-            expect(progress).to_contain_text("profiles from", timeout=RUN_S * 1000)
-            expect(summary).to_contain_text("ms/step")
+            page.wait_for_function(
+                "([progress, summary]) => {"
+                " const text = (c) => document.querySelector(c)?.textContent ?? '';"
+                " const now = [text('.explorer-progress'), text('.explorer-summary')];"
+                " return now[0] !== progress && now[0].includes('profiles from')"
+                " && now[1] !== summary && now[1].includes('ms/step'); }",
+                arg=before,
+                timeout=RUN_S * 1000,
+            )
             _no_failure(app)
             shown = _shown_strategies(app)
             assert len(shown) > len(strategies), "the MoE step has more blocks than GPT's"
