@@ -41,10 +41,11 @@ from benchmarks.quality import strategy_mix
 
 def run_case(run: PaperRun, case: PaperCase) -> None:
     """Analyse, plan, price every baseline and evaluate every plan of one case."""
+    from explorer.errors import NoPlanFitsError
     from explorer.pipeline import analyze
     from explorer.platforms import load_platform
     from explorer.profile.runner import distinct_programs
-    from explorer.solve import NoPlanFitsError, solve_frontier
+    from explorer.solve import solve_frontier
 
     platform = load_platform(case.platform)
     if platform.devices < math.prod(case.mesh):

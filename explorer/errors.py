@@ -88,8 +88,36 @@ class ProfilingBudgetError(AnalysisError):
     """A segment's configuration space is larger than the profiling budget."""
 
 
+class NoPlanFitsError(AnalysisError):
+    """The memory budget is below the smallest plan."""
+
+
+class HloComputeError(AnalysisError):
+    """The HLO text has matrix work that `profile.compute.dot_flops` cannot count."""
+
+
+class AlpaError(ExplorerError):
+    """The Alpa-style ILP found no plan within its limits."""
+
+
+class AlpaBudgetError(AlpaError):
+    """No assignment of strategies fits the per-device memory budget."""
+
+
+class ClusterError(ExplorerError):
+    """The processes of a cluster run could not join, disagree, or lost one of them."""
+
+
 class MeshFitWarning(UserWarning):
     """Some blocks can split over no axis of the mesh and stay replicated on every device."""
+
+
+class RoleWarning(UserWarning):
+    """An input leaf's role could not be told from the step's structure alone."""
+
+
+class AlpaTimeLimitWarning(UserWarning):
+    """HiGHS stopped at its time limit: the plan is the best found, not proven optimal."""
 
 
 class CacheWarning(UserWarning):

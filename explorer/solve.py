@@ -27,11 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from explorer.cost import CostModel, Option
-from explorer.errors import AnalysisError
-
-
-class NoPlanFitsError(AnalysisError):
-    """The memory budget is below the smallest plan."""
+from explorer.errors import AnalysisError, NoPlanFitsError
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from explorer import _jax_compat as jc
-from explorer.errors import ArgumentMismatchError, ExplorerError, TraceError
+from explorer.errors import ArgumentMismatchError, ExplorerError, RoleWarning, TraceError
 from explorer.ir import INPUT_KINDS, Graph, OpNode, Role, TensorType, Value, ValueKind
 
 ARG_ROLE_KINDS = {
@@ -63,10 +63,6 @@ declared `data` that holds a PRNG key is `rng`.
 """
 
 _INFER = object()  # a leaf whose role the structural inference decides
-
-
-class RoleWarning(UserWarning):
-    """An input leaf's role could not be told from the step's structure alone."""
 
 
 AMBIGUOUS_ROLES = (

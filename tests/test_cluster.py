@@ -23,8 +23,9 @@ import pytest
 
 import explorer as ex
 from explorer.cli import main
-from explorer.cluster.join import EXIT_CLUSTER, ClusterError, cluster_spec, detect_launcher
+from explorer.cluster.join import EXIT_CLUSTER, cluster_spec, detect_launcher
 from explorer.cluster.supervise import lost_processes
+from explorer.errors import ClusterError
 from explorer.platforms import LinkLevel, load_platform
 from explorer.profile.runner import distinct_programs, own_config, profile_all
 

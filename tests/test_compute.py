@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec
 
+from explorer.errors import HloComputeError
 from explorer.models import GPTConfig, gpt
 from explorer.profile.backends import FAST_COMPILE
-from explorer.profile.compute import DOT_DTYPES, HloComputeError, dot_flops
+from explorer.profile.compute import DOT_DTYPES, dot_flops
 
 
 def _compile(fn: Callable[..., Any], *args: Any) -> Any:

@@ -14,9 +14,9 @@ import pytest
 from helpers import SHARED_CACHE, assert_trees_close
 
 import explorer as ex
+from explorer.errors import NoPlanFitsError
 from explorer.plan import PlanError
 from explorer.platforms import load_platform
-from explorer.solve import NoPlanFitsError
 
 RTOL = ATOL = 1e-5  # as in test_realize: compared on the second AdamW step
 

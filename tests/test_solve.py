@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from explorer.cost import CostModel, Option, build_cost_model
-from explorer.errors import AnalysisError
+from explorer.errors import AnalysisError, NoPlanFitsError
 from explorer.ir import Boundary, Segmentation, SegmentInstance, SegmentType
-from explorer.solve import NoPlanFitsError, solve_frontier
+from explorer.solve import solve_frontier
 
 
 @st.composite

@@ -14,11 +14,10 @@ from user_models import BUILDERS, DEEP_BUILDERS, UserStep, linen_fused_qkv
 
 import explorer as ex
 from explorer.blocks import build_blocks
-from explorer.errors import ArgumentMismatchError
+from explorer.errors import ArgumentMismatchError, RoleWarning
 from explorer.ir import CONTRACTION_PRIMITIVES, DimRole, Graph, OpNode, Role, ValueKind
 from explorer.layouts import instance_dependencies
 from explorer.segments import check_profiling_budget
-from explorer.trace import RoleWarning
 
 
 @functools.cache

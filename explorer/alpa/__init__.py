@@ -30,12 +30,12 @@ from explorer.alpa.comm import (
     comm_model,
     reduce_scatter_cost,
 )
-from explorer.alpa.errors import AlpaBudgetError, AlpaError, AlpaTimeLimitWarning
 from explorer.alpa.ilp import build_problem
 from explorer.alpa.ops import PARTIAL_REDUCTIONS, OpModel, OpStrategy, layout_name
 from explorer.alpa.problem import AlpaProblem
 from explorer.alpa.solve import AlpaSolution, solve_alpa
 from explorer.alpa.symbolic import symbolic_config_costs
+from explorer.errors import AlpaBudgetError, AlpaError, AlpaTimeLimitWarning
 from explorer.layouts import replicated
 
 __all__ = [

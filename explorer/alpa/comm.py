@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from explorer.alpa.errors import AlpaError
+from explorer.errors import AlpaError
 from explorer.mesh import MeshSpec
 
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from explorer.alpa.errors import AlpaBudgetError, AlpaError, AlpaTimeLimitWarning
 from explorer.alpa.ilp import _formulate, _Ilp, _run_highs, build_problem
 from explorer.alpa.problem import AlpaProblem, _Builder, _leanest_peak
+from explorer.errors import AlpaBudgetError, AlpaError, AlpaTimeLimitWarning
 from explorer.ir import DimAxes, Graph, ShardingAssignment
 from explorer.layouts import layout_assignment
 

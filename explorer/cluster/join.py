@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from explorer.errors import ExplorerError
+from explorer.errors import ClusterError, ExplorerError
 
 # Seconds after which a failure ends the run on every host (see ClusterSpec.timeout).
 DEFAULT_TIMEOUT = 300.0
@@ -47,10 +47,6 @@ LAUNCHERS: tuple[tuple[str, str, str], ...] = (
     ("Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri"),
     ("JAX_NUM_PROCESSES", "JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS"),
 )
-
-
-class ClusterError(ExplorerError):
-    """The processes of a cluster run could not join, disagree, or lost one of them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,8 @@ from typing import Any
 
 import pandas as pd
 
-from explorer.cluster.join import Cluster, ClusterError, broadcast, gather_bytes
+from explorer.cluster.join import Cluster, broadcast, gather_bytes
+from explorer.errors import ClusterError
 from explorer.mesh import MeshSpec, mesh_spec
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
 from explorer.segments import DEFAULT_PROFILING_BUDGET

@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from explorer.errors import AnalysisError
+from explorer.errors import HloComputeError
 
 # Every name `dot_flops` can group FLOPs under: the dtypes HLO gives dot operands, plus "tf32"
 # (f32 dots at TensorFloat-32 precision). A platform gives a peak for the ones its device has.
@@ -75,10 +75,6 @@ _PRECISION = re.compile(r"operand_precision=\{(?P<lhs>\w+),(?P<rhs>\w+)\}")
 _ALGORITHM = re.compile(r"algorithm=(?:dot_)?(?P<name>\w+)")
 _TARGET = re.compile(r'custom_call_target="(?P<target>[^"]*)"')
 _BACKEND_CONFIG = re.compile(r"backend_config=(?P<json>\{.*\})\s*$")
-
-
-class HloComputeError(AnalysisError):
-    """The HLO text has matrix work that `dot_flops` cannot count."""
 
 
 def dot_flops(hlo_text: str) -> tuple[tuple[str, float], ...]:

@@ -14,8 +14,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from explorer.errors import ExplorerError
-from explorer.solve import Frontier, NoPlanFitsError
+from explorer.errors import ExplorerError, NoPlanFitsError
+from explorer.solve import Frontier
 from explorer.ui import style
 from explorer.ui.bars import BarsData, BarsView, Symbolic, empty_bars, profiled_bars, with_chosen
 from explorer.ui.controls import Controls
