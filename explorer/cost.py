@@ -108,8 +108,9 @@ class CostModel:
     # per block: its twin (`layouts.loop_twins`: the same block of a scan's first iteration,
     # whose strategy a uniform plan gives it); empty when every block is its own twin
     twins: tuple[int, ...] = ()
-    # per instance: its segment type (`SegmentInstance.unique_id`); empty: each its own
-    types: tuple[int, ...] = ()
+    # per instance: whether it is the first of its segment type, the one whose constants
+    # count (`Option.constants`); empty: every instance is its own type
+    opens: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.reshard) != max(0, len(self.options) - 1):
@@ -170,7 +171,7 @@ class CostModel:
 
     def opens_type(self, n: int) -> bool:
         """Whether instance `n` is the first of its type: the one whose constants count."""
-        return not self.types or self.types.index(self.types[n]) == n
+        return not self.opens or self.opens[n]
 
     def memory(self, selection: Sequence[int]) -> int:
         """The largest memory held while one instance's backward part runs (module doc)."""
@@ -231,6 +232,9 @@ def build_cost_model(
             row["t_total"]
         )
     instances = segmentation.instances
+    first_of: dict[int, int] = {}  # per type: its first instance (whose constants count)
+    for instance in instances:
+        first_of.setdefault(instance.unique_id, instance.index)
     _check_contexts(segmentation, by_type, dependencies)
     reshard = []
     for before, after in itertools.pairwise(instances):
@@ -246,7 +250,7 @@ def build_cost_model(
         dependencies=dependencies or tuple(() for _ in instances),
         instance_blocks=tuple(i.blocks for i in instances),
         twins=twins,
-        types=tuple(i.unique_id for i in instances),
+        opens=tuple(first_of[i.unique_id] == i.index for i in instances),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from explorer.mesh import MeshSpec
 from explorer.profile.backends import Backend, ProgramProfile, compute_time
-from explorer.profile.cache import ProfileRecord
+from explorer.profile.cache import ProfileRecord, Status
 from explorer.profile.hlo import Collective, CollectiveKind
 from explorer.profile.jobs import _Context, _Job
 
@@ -38,30 +38,22 @@ def _record(job: _Job, profile: ProgramProfile, seconds: float) -> ProfileRecord
 
 
 def _nothing_moves(job: _Job) -> ProfileRecord:
-    return ProfileRecord(
-        key=job.key,
-        status="ok",
-        t_comm=0.0,
-        t_comp=0.0,
-        memory=0,
-        persistent_memory=0,
-        transient_memory=0,
-        saved_memory=0,
-        gradient_memory=0,
-        constant_memory=0,
-        collectives="[]",
-        reason="",
-        seconds=0.0,
-        created=time.time(),
-    )
+    return _without_program(job, "ok", 0.0, reason="", seconds=0.0)
 
 
 def _infeasible(job: _Job, reason: str, seconds: float) -> ProfileRecord:
+    return _without_program(job, "infeasible", math.inf, reason=reason, seconds=seconds)
+
+
+def _without_program(
+    job: _Job, status: Status, each_time: float, *, reason: str, seconds: float
+) -> ProfileRecord:
+    """A row with no priced program: nothing held, no collectives, `each_time` per time."""
     return ProfileRecord(
         key=job.key,
-        status="infeasible",
-        t_comm=math.inf,
-        t_comp=math.inf,
+        status=status,
+        t_comm=each_time,
+        t_comp=each_time,
         memory=0,
         persistent_memory=0,
         transient_memory=0,
