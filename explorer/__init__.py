@@ -6,7 +6,7 @@ Public verbs only; the stages live in their own modules and `pipeline` chains th
 from explorer import explain, models
 from explorer.errors import ExplorerError
 from explorer.ir import Graph
-from explorer.pipeline import Analysis, analyze
+from explorer.pipeline import Analysis, SegmentedStep, analyze
 from explorer.plan import Plan, apply_plan, evaluate, load_plan
 from explorer.trace import trace
 
@@ -15,6 +15,7 @@ __all__ = [
     "ExplorerError",
     "Graph",
     "Plan",
+    "SegmentedStep",
     "analyze",
     "apply_plan",
     "evaluate",

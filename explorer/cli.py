@@ -196,7 +196,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from explorer.baselines import BASELINES
     from explorer.mesh import mesh_spec
-    from explorer.pipeline import analyze
+    from explorer.pipeline import Analysis, analyze
     from explorer.plan import evaluate, writable_path
     from explorer.platforms import load_platform
 
@@ -226,10 +226,10 @@ def _plan(args: argparse.Namespace) -> int:
         )
     print(f"{args.model} {args.preset}: {model.config}")
     print(analysis.summary())
-    if analysis.profile_table is None:
+    if not isinstance(analysis, Analysis):
         print(f"analysis took {time.perf_counter() - start:.2f} s")
         return 0
-    _print_best(analysis.profile_table)
+    _print_best(analysis.profiles)
     chosen = analysis.plan(memory_budget=budget)
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
     print(f"chosen: {chosen.summary()}")

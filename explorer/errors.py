@@ -67,6 +67,12 @@ class AnalysisError(ExplorerError):
     """An analysis stage was asked for something it cannot give."""
 
 
+class NotProfiledError(AnalysisError, AttributeError):
+    """Profiles, frontiers or plans asked of `analyze(..., profile=False)`'s result (an
+    `AttributeError` too, so `hasattr` and `getattr(..., default)` answer as for any
+    attribute the object lacks)."""
+
+
 class PinError(InputError, AnalysisError):
     """A pin names no block or segment type, or a strategy its block does not have (an
     `AnalysisError` too, as pins were reported before they were checked at the door)."""
@@ -84,8 +90,8 @@ class ProfilingCancelled(ExplorerError):
         )
 
 
-class ProfilingBudgetError(AnalysisError):
-    """A segment's configuration space is larger than the profiling budget."""
+class ConfigCapError(AnalysisError):
+    """A segment's configuration space is larger than the profiling cap (`config_cap`)."""
 
 
 class NoPlanFitsError(AnalysisError):

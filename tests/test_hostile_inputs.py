@@ -44,13 +44,13 @@ from explorer.units import parse_bytes
 
 @dataclass
 class World:
-    """What a row needs: a traced-once tiny GPT, its unprofiled analysis, a valid plan
+    """What a row needs: a tiny GPT, its data-parallel programs profiled, a valid plan
     document and a platform document to spoil, and a folder for files."""
 
     tmp: Path
     step: Callable[..., Any]
     args: tuple[Any, ...]
-    shape: ex.Analysis  # analyze(..., profile=False) on mesh 4
+    profiled: ex.Analysis  # tiny GPT's data-parallel programs profiled on mesh 4
     plan_document: dict[str, Any]
     platform_document: dict[str, Any]
     traced: list[int]
@@ -59,7 +59,7 @@ class World:
     def cache(self) -> Path:
         return self.tmp / "profiles.sqlite"
 
-    def analyze(self, **changes: Any) -> ex.Analysis:
+    def analyze(self, **changes: Any) -> Any:
         """`analyze` as a user calls it, with a cache file that exists only if profiling ran
         and a step that counts how often it is traced."""
 
@@ -105,6 +105,9 @@ def _nested(depth: int) -> str:
 def base() -> tuple[Any, ...]:
     step, args = ex.models.gpt()
     shape = ex.analyze(step, *args, mesh=(4,), cache=None, profile=False)
+    profiled = ex.analyze(
+        step, *args, mesh=(4,), cache=None, progress=False, only=_data_parallel_only
+    )
     zero = Config((0,) * len(shape.blocks))
     plan = make_plan(
         source="dp",
@@ -120,13 +123,13 @@ def base() -> tuple[Any, ...]:
         memory_eq9=2**20,
         budget=None,
     )
-    return step, args, shape, plan.document, load_platform("a100-pcie-4").to_json()
+    return step, args, profiled, plan.document, load_platform("a100-pcie-4").to_json()
 
 
 @pytest.fixture
 def world(base: tuple[Any, ...], tmp_path: Path) -> World:
-    step, args, shape, plan_document, platform_document = base
-    return World(tmp_path, step, args, shape, plan_document, platform_document, [])
+    step, args, profiled, plan_document, platform_document = base
+    return World(tmp_path, step, args, profiled, plan_document, platform_document, [])
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ def _platform_text(text: str | bytes) -> Callable[[World], Any]:
 def _budget(value: Any) -> Row:
     return Row(
         f"budget={value!r}",
-        lambda w: w.shape.plan(memory_budget=value),
+        lambda w: w.profiled.plan(memory_budget=value),
         BytesError,
         "memory_budget",
     )
@@ -187,7 +190,7 @@ def _mesh(value: Any, error: type[ExplorerError] = MeshError, before: bool = Tru
 
 
 def _pins(value: Any, field: str = "pins") -> Row:
-    return Row(f"pins={value!r}", lambda w: w.shape.plan(pins=value), PinError, field)
+    return Row(f"pins={value!r}", lambda w: w.profiled.plan(pins=value), PinError, field)
 
 
 ROWS: tuple[Row, ...] = (
@@ -244,11 +247,11 @@ ROWS: tuple[Row, ...] = (
         "a100-pcie-4",
         True,
     ),
-    Row("profiling cap 0", lambda w: w.analyze(budget=0), InputError, "budget", True),
-    Row("profiling cap True", lambda w: w.analyze(budget=True), InputError, "budget", True),
+    Row("profiling cap 0", lambda w: w.analyze(config_cap=0), InputError, "config_cap", True),
+    Row("profiling cap True", lambda w: w.analyze(config_cap=True), InputError, "config_cap", True),
     Row(
         "profiling cap as bytes",
-        lambda w: w.analyze(budget="8GiB"),
+        lambda w: w.analyze(config_cap="8GiB"),
         InputError,
         "memory_budget",  # the message points to where a memory budget goes
         True,
@@ -271,7 +274,7 @@ ROWS: tuple[Row, ...] = (
     _pins({"layer": "N@x"}, "pins['layer']"),
     _pins({"layer": {99: "N@x"}}, "pins['layer'][99]"),
     _pins({"layer": {"0": "N@x"}}, "pins['layer']"),
-    Row("uniform='yes'", lambda w: w.shape.plan(uniform="yes"), InputError, "uniform"),
+    Row("uniform='yes'", lambda w: w.profiled.plan(uniform="yes"), InputError, "uniform"),
     # -- plan files: readable, bounded, UTF-8, JSON, finite, complete, consistent ----------
     Row("plan file missing", lambda w: ex.load_plan(w.tmp / "none.json"), PlanError, "none.json"),
     Row("plan file is a folder", lambda w: ex.load_plan(w.tmp), PlanError, "directory"),

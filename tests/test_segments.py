@@ -14,7 +14,7 @@ from helpers import traced
 import explorer as ex
 from explorer._jax_compat import random_bits_as_accelerators_lower
 from explorer.blocks import build_blocks
-from explorer.errors import ProfilingBudgetError
+from explorer.errors import ConfigCapError
 from explorer.ir import BlockAnalysis, Config, Graph, Segmentation
 from explorer.layouts import instance_dependencies
 from explorer.mesh import make_mesh, mesh_spec
@@ -24,7 +24,7 @@ from explorer.profile.runner import profile_all
 from explorer.realize import reshard_program, segment_program
 from explorer.segments import (
     build_segments,
-    check_profiling_budget,
+    check_config_cap,
     program_count,
 )
 from explorer.space import (
@@ -110,7 +110,7 @@ def test_moe_layers_are_split_under_the_cap_and_repeat() -> None:
         first = segmentation.instances[labels.index(part)].unique_id
         assert segmentation.instances[labels.index(f"layer_3{suffix}")].unique_id == first
         assert first not in dense
-    check_profiling_budget(segmentation, analysis)  # every type fits
+    check_config_cap(segmentation, analysis)  # every type fits
     assert any("split over the configuration cap" in note for note in segmentation.notes)
 
 
@@ -253,27 +253,27 @@ def test_tandem_repeats_are_found_without_scopes() -> None:
     _the_first_layer_reading_data_is_its_own_type(segmentation)
 
 
-def test_a_block_alone_over_the_budget_is_refused_with_its_count() -> None:
+def test_a_block_alone_over_the_cap_is_refused_with_its_count() -> None:
     graph, analysis, _ = _segmented("gpt", 2)
     segmentation = build_segments(graph, analysis, cap=2)  # every block has 3 strategies
-    with pytest.raises(ProfilingBudgetError, match=r"alone has 3 strategies.*budget of 2"):
-        check_profiling_budget(segmentation, analysis, budget=2)
+    with pytest.raises(ConfigCapError, match=r"alone has 3 strategies.*cap of 2"):
+        check_config_cap(segmentation, analysis, cap=2)
 
 
-def test_analyze_cuts_segments_at_its_profiling_budget() -> None:
-    """`analyze(budget=)` is the cap segments are cut for: GPT's layer (81 configurations)
+def test_analyze_cuts_segments_at_its_config_cap() -> None:
+    """`analyze(config_cap=)` is the cap segments are cut for: GPT's layer (81 configurations)
     comes out in parts of at most 27, and profiling a space cut for a larger cap is refused
     before anything compiles, naming the type and how to cut it."""
     step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2), abstract=True)
-    analysis = ex.analyze(step, *args, mesh=(4,), profile=False, budget=27)
+    analysis = ex.analyze(step, *args, mesh=(4,), profile=False, config_cap=27)
     count = analysis.program_counts
     assert max(n for _, n in count.per_type) <= 27
     assert any("split over the configuration cap" in n for n in analysis.segments.notes)
     wide = ex.analyze(step, *args, mesh=(4,), profile=False)  # cut for the default cap
-    with pytest.raises(ProfilingBudgetError, match=r"81 configurations.*cap=27"):
+    with pytest.raises(ConfigCapError, match=r"81 configurations.*cap=27"):
         profile_all(
             wide.graph, wide.block_analysis, wide.segments, wide.mesh,
-            platform=load_platform("a100-pcie-8"), budget=27, progress=False,
+            platform=load_platform("a100-pcie-8"), config_cap=27, progress=False,
         )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from explorer.blocks import build_blocks
 from explorer.errors import ArgumentMismatchError, RoleWarning
 from explorer.ir import CONTRACTION_PRIMITIVES, DimRole, Graph, OpNode, Role, ValueKind
 from explorer.layouts import instance_dependencies
-from explorer.segments import check_profiling_budget
+from explorer.segments import check_config_cap
 
 
 @functools.cache
@@ -210,7 +210,7 @@ def test_repeated_layers_are_recognised_whatever_the_depth(name: str) -> None:
         counts[layers] = analysis.program_count
         summaries[layers] = analysis.segments.summary()
         assert analysis.segments.reuse_found
-        check_profiling_budget(analysis.segments, analysis.block_analysis)
+        check_config_cap(analysis.segments, analysis.block_analysis)
     print(f"\n[{name}] programs {counts}\n{summaries[4]}")
     assert counts[2] == counts[4]
     assert counts[4] <= 320

@@ -36,7 +36,7 @@ from explorer.cluster.join import Cluster, broadcast, gather_bytes
 from explorer.errors import ClusterError
 from explorer.mesh import MeshSpec, mesh_spec
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
-from explorer.segments import DEFAULT_PROFILING_BUDGET
+from explorer.segments import DEFAULT_CONFIG_CAP
 
 BACKEND = "measured"  # the backend whose programs every host runs in step
 
@@ -214,7 +214,7 @@ def profile_on_cluster(
     only: Sequence[str] = (),
     backend: str = BACKEND,
     free_axes: bool = False,
-    budget: int = DEFAULT_PROFILING_BUDGET,
+    config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = 1,
     progress: bool = True,
     on_program: Callable[[ProfileRecord], None] | None = None,
@@ -264,7 +264,7 @@ def profile_on_cluster(
         )
     graph = trace(step, *args)
     analysis = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
-    segmentation = build_segments(graph, analysis, cap=budget)
+    segmentation = build_segments(graph, analysis, cap=config_cap)
     keep = selection(only, analysis, segmentation)
     file = ProfileCache(cache) if cluster.leader and cache is not None else None
     in_step = backend == BACKEND
@@ -278,7 +278,7 @@ def profile_on_cluster(
             platform=target,
             backend=backend,
             cache=store,
-            budget=budget,
+            config_cap=config_cap,
             workers=workers,
             progress=progress and cluster.leader,
             only=only,

@@ -92,7 +92,7 @@ class Counterfactuals:
 
 def plan_selection(analysis: Analysis, plan: Plan) -> tuple[int, ...]:
     """The profiled option of every instance that makes up `plan` (its block strategies)."""
-    model = _model(analysis)
+    model = analysis.cost_model
     per_block = _choices(analysis, plan)
     selection = select(model, per_block)
     if isinstance(selection, str):
@@ -134,7 +134,7 @@ def counterfactuals(analysis: Analysis, plan: Plan) -> Counterfactuals:
     """Per block, the plan with that block on each other strategy (see the module doc)."""
     from explorer.explain.attribution import block_name
 
-    model = _model(analysis)
+    model = analysis.cost_model
     per_block = _choices(analysis, plan)
     current = plan_selection(analysis, plan)
     base_time, base_memory = model.time(current), model.memory(current)
@@ -175,15 +175,6 @@ def counterfactuals(analysis: Analysis, plan: Plan) -> Counterfactuals:
                 )
             )
     return Counterfactuals(plan.source, current, base_time, base_memory, tuple(rows))
-
-
-def _model(analysis: Analysis) -> CostModel:
-    if analysis.cost_model is None:
-        raise AnalysisError(
-            "counterfactuals need the profiles: this analysis was made with "
-            "analyze(..., profile=False). Run analyze(..., profile=True) (the default)."
-        )
-    return analysis.cost_model
 
 
 def _choices(analysis: Analysis, plan: Plan) -> tuple[int, ...]:

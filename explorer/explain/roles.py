@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from explorer.ir import DimRole, Graph, ParallelBlock, Role, ValueKind
 
 if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
+    from explorer.pipeline import SegmentedStep
 
 NONLINEAR = frozenset({"tanh", "logistic", "erf", "max", "gelu", "relu", "silu"})
 SELECTS = frozenset({"argmax", "top_k", "sort", "approx_top_k"})
@@ -114,7 +114,7 @@ class _Flow:
         return reached, primitives
 
 
-def block_roles(analysis: Analysis) -> tuple[str, ...]:
+def block_roles(analysis: SegmentedStep) -> tuple[str, ...]:
     """Per block, its role by the rules of the module doc ("" where none applies)."""
     graph = analysis.graph
     owner = analysis.block_analysis.block_of_op
@@ -171,7 +171,7 @@ def block_roles(analysis: Analysis) -> tuple[str, ...]:
     return tuple(roles)
 
 
-def block_names(analysis: Analysis) -> tuple[str, ...]:
+def block_names(analysis: SegmentedStep) -> tuple[str, ...]:
     """Per block, a name unique within its segment instance: its role (numbered when the
     instance has two of one role) or, where no rule applies, "block <position>"."""
     roles = block_roles(analysis)

@@ -55,7 +55,7 @@ from explorer.profile.records import (
     combinable_latency,
     reprice,
 )
-from explorer.segments import DEFAULT_PROFILING_BUDGET, check_profiling_budget
+from explorer.segments import DEFAULT_CONFIG_CAP, check_config_cap
 
 # A measured program slower than this multiple of the best configuration so far is abandoned.
 DYNAMIC_LIMIT_FACTOR = 4.0
@@ -92,7 +92,7 @@ def profile_all(
     platform: Any,
     backend: Backend | str = Backend.COMPILED,
     cache: ProfileCache | None = None,
-    budget: int = DEFAULT_PROFILING_BUDGET,
+    config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = None,
     progress: bool = True,
     only: Callable[[str, str, str], bool] | None = None,
@@ -128,9 +128,9 @@ def profile_all(
     rows: list[dict[str, Any]] = []
     priced = itertools.count(1)
     tick = None if on_program is None else (lambda: on_program(next(priced)))
-    # A selection bounds the work by itself: it picks from the full space, no budget applies.
+    # A selection bounds the work by itself: it picks from the full space, no cap applies.
     if only is None:
-        check_profiling_budget(segmentation, analysis, budget)
+        check_config_cap(segmentation, analysis, config_cap)
     first_round = list(context.segment_jobs()) + list(context.reshard_jobs())
     if only is not None:  # a configuration with a context is selected by its own part
         first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]

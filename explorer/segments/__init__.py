@@ -20,23 +20,23 @@ then holds the same ops, so the program count does not grow with the scan's leng
 
 Modules: `build` (the cut that wins, typed and bounded), `scopes` and `structure` (the two
 cuts), `cover` (tandem repeats, cuts under the cap), `loops` (scans), `assign` (backward and
-optimizer ops), `fingerprints`, `boundaries`, `count` (Eq. 7 and the profiling budget).
+optimizer ops), `fingerprints`, `boundaries`, `count` (Eq. 7 and the profiling cap).
 """
 
 from explorer.segments.build import build_segments
 from explorer.segments.count import (
-    DEFAULT_PROFILING_BUDGET,
+    DEFAULT_CONFIG_CAP,
     ProgramCount,
-    check_profiling_budget,
+    check_config_cap,
     program_count,
 )
 from explorer.segments.fingerprints import TRIVIAL
 
 __all__ = [
-    "DEFAULT_PROFILING_BUDGET",
+    "DEFAULT_CONFIG_CAP",
     "TRIVIAL",
     "ProgramCount",
     "build_segments",
-    "check_profiling_budget",
+    "check_config_cap",
     "program_count",
 ]

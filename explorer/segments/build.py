@@ -15,7 +15,7 @@ from explorer.segments.assign import (
     _keep_guesses_in_iterations,
 )
 from explorer.segments.boundaries import _boundaries
-from explorer.segments.count import DEFAULT_PROFILING_BUDGET, program_count
+from explorer.segments.count import DEFAULT_CONFIG_CAP, program_count
 from explorer.segments.fingerprints import _fingerprint
 from explorer.segments.group import _Group
 from explorer.segments.scopes import _scope_groups, _split_scope_groups
@@ -23,7 +23,7 @@ from explorer.segments.structure import _structural_groups
 
 
 def build_segments(
-    graph: Graph, analysis: BlockAnalysis, cap: int = DEFAULT_PROFILING_BUDGET
+    graph: Graph, analysis: BlockAnalysis, cap: int = DEFAULT_CONFIG_CAP
 ) -> Segmentation:
     """Cut the step into segment instances and unique types (see the module doc).
 

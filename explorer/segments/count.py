@@ -1,4 +1,5 @@
-"""The paper's Eq. 7 program count, and the profiling budget it is checked against."""
+"""The paper's Eq. 7 program count, and the profiling cap it is checked against: the most
+configurations one unique segment may have (a count, never bytes: `memory_budget` is bytes)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,12 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from explorer.errors import ProfilingBudgetError
+from explorer.errors import ConfigCapError
 from explorer.ir import BlockAnalysis, Segmentation, SegmentInstance
 
 # Configurations a unique segment may have before it is split (adaptive granularity), and
 # the default bound of a profiling run per segment type.
-DEFAULT_PROFILING_BUDGET = 256
+DEFAULT_CONFIG_CAP = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,29 +86,28 @@ def program_count(
     )
 
 
-def check_profiling_budget(
-    segmentation: Segmentation, analysis: BlockAnalysis, budget: int = DEFAULT_PROFILING_BUDGET
+def check_config_cap(
+    segmentation: Segmentation, analysis: BlockAnalysis, cap: int = DEFAULT_CONFIG_CAP
 ) -> None:
     """Refuse to plan thousands of programs silently: name the segment and its count."""
     count = program_count(segmentation, analysis)
     for type_id, configurations in count.per_type:
-        if configurations > budget:
+        if configurations > cap:
             unique = segmentation.unique[type_id]
             instance = next(i for i in segmentation.instances if i.unique_id == type_id)
             sizes = " x ".join(str(len(analysis.blocks[b].strategies)) for b in instance.blocks)
             if len(instance.blocks) == 1:
                 block = analysis.blocks[instance.blocks[0]]
-                raise ProfilingBudgetError(
+                raise ConfigCapError(
                     f"block {block.index} ({block.scope or 'unscoped'}, head op #{block.head}) "
-                    f"alone has {len(block.strategies)} strategies, over the profiling budget "
-                    f"of {budget}: a segment is cut only between blocks, so no cut can bring "
-                    f"it under. Raise the budget to at least {len(block.strategies)}."
+                    f"alone has {len(block.strategies)} strategies, over the profiling cap "
+                    f"of {cap}: a segment is cut only between blocks, so no cut can bring "
+                    f"it under. Raise the cap (config_cap=) to at least {len(block.strategies)}."
                 )
-            raise ProfilingBudgetError(
+            raise ConfigCapError(
                 f"segment type {type_id} ({unique.label!r}, {unique.block_count} blocks, first "
                 f"instance {instance.label!r}) has {configurations} configurations ({sizes}), "
-                f"over the profiling budget of {budget}: these segments were cut for a larger "
-                f"cap. Build them with this budget as their cap (build_segments(..., "
-                f"cap={budget}), as analyze does) so the type is split at its blocks, or raise "
-                "the budget."
+                f"over the profiling cap of {cap}: these segments were cut for a larger "
+                f"cap. Build them with this cap (build_segments(..., cap={cap}), as analyze does) "
+                "so the type is split at its blocks, or raise the cap (config_cap=)."
             )

@@ -19,7 +19,7 @@ from typing import Any
 import ipywidgets as widgets
 
 from explorer.errors import ExplorerError
-from explorer.pipeline import DEFAULT_CACHE, Analysis
+from explorer.pipeline import DEFAULT_CACHE, Analysis, SegmentedStep
 from explorer.ui import style
 from explorer.ui.bars import BarsData, BarsView, Symbolic
 from explorer.ui.explain_view import ExplainView, Request
@@ -147,7 +147,8 @@ class Explorer(Runner, widgets.VBox):
     # -- public verbs (the buttons call these; so can a notebook or a test) -------------------
 
     @property
-    def analysis(self) -> Analysis | None:
+    def analysis(self) -> SegmentedStep | None:
+        """The step's analysis: a `SegmentedStep` while profiling, an `Analysis` after."""
         return self.session.analysis
 
     @property
@@ -299,7 +300,7 @@ class Explorer(Runner, widgets.VBox):
     def compute_baselines(self, wait: bool = False) -> threading.Thread:
         """Predict and evaluate the CFP plan and every baseline (compiles the whole step)."""
         analysis, plan = self.session.analysis, self.plan
-        if analysis is None or analysis.profile_table is None:
+        if not isinstance(analysis, Analysis):
             raise ExplorerError("no analysis yet: profile and solve first")
         self.baselines_w.disabled = True
         self.baseline_table.value = "<i>compiling the whole step under each plan...</i>"
@@ -370,7 +371,7 @@ class Explorer(Runner, widgets.VBox):
         """The plan shown, as an explanation request (None: no plan)."""
         with self._lock:
             s = self.session
-            if s.analysis is None or s.choice is None:
+            if not isinstance(s.analysis, Analysis) or s.choice is None:
                 return None
             return Request(
                 0, s.analysis, s.choice, s.budget, tuple(sorted(s.pins.items())), s.uniform
@@ -393,7 +394,7 @@ class Explorer(Runner, widgets.VBox):
     def _slider_moved(self, index: int) -> None:
         """A slider step is a frontier plan: the budget becomes exactly that plan's memory."""
         with self._lock:
-            if self.session.analysis is None or self.session.analysis.profile_table is None:
+            if not isinstance(self.session.analysis, Analysis):
                 return
             points = self._current_frontier().points
             self.session.budget = points[min(max(int(index), 0), len(points) - 1)].memory

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
+from explorer.analysis import Analysis, SegmentedStep
 from explorer.ui import style
 from explorer.ui.explain_tables import (
     CounterfactualRow,
@@ -34,7 +35,6 @@ from explorer.ui.explain_tables import (
 )
 
 if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
     from explorer.plan import Plan
     from explorer.ui.graph import GraphView
     from explorer.ui.messages import Kind
@@ -132,7 +132,7 @@ class ExplainView:
 
     # -- what the app calls -------------------------------------------------------------------
 
-    def clear(self, analysis: Analysis | None) -> None:
+    def clear(self, analysis: SegmentedStep | None) -> None:
         """A new analysis (or none): nothing explained, no reference kept of another step."""
         with self._lock:
             self.generation += 1
@@ -141,7 +141,7 @@ class ExplainView:
             ):
                 self.reference = None
             self._drop("" if analysis is None else "press “Explain this plan”")
-            self.explain_w.disabled = analysis is None or analysis.profile_table is None
+            self.explain_w.disabled = not isinstance(analysis, Analysis)
             self.keep_w.disabled = self.explain_w.disabled
 
     def stale(self, choice: Choice | None) -> None:

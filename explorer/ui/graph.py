@@ -28,7 +28,7 @@ from explorer.ui.nodes import (
 )
 
 if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
+    from explorer.pipeline import SegmentedStep
     from explorer.plan import Plan
     from explorer.ui.explain_tables import BlockMarker
     from explorer.ui.state import Choice
@@ -77,15 +77,15 @@ class GraphView:
         self.band_trace: int | None = None
         self.marker_trace: int | None = None
         self.nodes: OpNodes | None = None  # the ops view's nodes
-        self._analysis: Analysis | None = None
-        self._palette: tuple[Analysis | None, dict[str, str]] = (None, {})
+        self._analysis: SegmentedStep | None = None
+        self._palette: tuple[SegmentedStep | None, dict[str, str]] = (None, {})
         self._sent: dict[int, dict[str, tuple[Any, ...]]] = {}  # per trace: what the page has
 
-    def names(self, analysis: Analysis) -> tuple[str, ...]:
+    def names(self, analysis: SegmentedStep) -> tuple[str, ...]:
         """Each block's role name, unique within its segment (`explain.roles`)."""
         return self.cache.block_names(analysis)
 
-    def palette(self, analysis: Analysis) -> dict[str, str]:
+    def palette(self, analysis: SegmentedStep) -> dict[str, str]:
         if self._palette[0] is not analysis:
             self._palette = (analysis, strategy_palette(analysis))
         return self._palette[1]
@@ -93,7 +93,7 @@ class GraphView:
     # what is shown ---------------------------------------------------------------------------
 
     def show_blocks(
-        self, analysis: Analysis, choice: Choice | None, pins: Mapping[int, str] | None = None
+        self, analysis: SegmentedStep, choice: Choice | None, pins: Mapping[int, str] | None = None
     ) -> None:
         self._analysis = analysis
         self.level, self.instance, self.nodes = "blocks", None, None
@@ -174,7 +174,7 @@ class GraphView:
 
     def show_ops(
         self,
-        analysis: Analysis,
+        analysis: SegmentedStep,
         instance: int,
         choice: Choice | None,
         plan: Plan | None,
@@ -322,7 +322,7 @@ class GraphView:
     # helpers ---------------------------------------------------------------------------------
 
     def _marker_places(
-        self, analysis: Analysis, by_block: Mapping[int, BlockMarker]
+        self, analysis: SegmentedStep, by_block: Mapping[int, BlockMarker]
     ) -> list[tuple[float, float, list[BlockMarker]]]:
         """Where each block's marker goes: above its node (blocks view: every repeat of the
         band's position on one node), on its head op's node (ops view)."""

@@ -9,12 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from explorer import models
-
-if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
+from explorer.analysis import Analysis, SegmentedStep
 
 BACKENDS = ("compiled", "measured")
 
@@ -90,9 +88,9 @@ def check_arguments(
     return Checked(model, preset, layers or None, shape, platform, backend, tuple(problems))
 
 
-def pin_problem(analysis: Analysis | None, block: Any, strategy: Any) -> str:
+def pin_problem(analysis: SegmentedStep | None, block: Any, strategy: Any) -> str:
     """Why pinning `block` to `strategy` is refused ("" if it names a real choice)."""
-    if analysis is None or analysis.profile_table is None:
+    if not isinstance(analysis, Analysis):
         return "no plan to pin: profile and solve first"
     pinnable = [b.index for b in analysis.blocks if b.strategies]
     if not isinstance(block, int) or block not in pinnable:

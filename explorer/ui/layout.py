@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from explorer.ui import style
 
 if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
+    from explorer.pipeline import SegmentedStep
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +83,16 @@ class LayoutCache:
     ops: dict[tuple[str, int], OpLayout] = field(default_factory=dict)
     names: dict[str, tuple[str, ...]] = field(default_factory=dict)
     builds: int = 0
-    _keys: dict[int, tuple[Analysis, str]] = field(default_factory=dict)
+    _keys: dict[int, tuple[SegmentedStep, str]] = field(default_factory=dict)
 
-    def key(self, analysis: Analysis) -> str:
+    def key(self, analysis: SegmentedStep) -> str:
         known = self._keys.get(id(analysis))
         if known is None or known[0] is not analysis:
             known = (analysis, model_key(analysis))
             self._keys = {id(analysis): known}  # the current analysis only
         return known[1]
 
-    def block_names(self, analysis: Analysis) -> tuple[str, ...]:
+    def block_names(self, analysis: SegmentedStep) -> tuple[str, ...]:
         """Each block's role name (`explain.roles`), unique within its segment."""
         key = self.key(analysis)
         if key not in self.names:
@@ -101,14 +101,14 @@ class LayoutCache:
             self.names[key] = block_names(analysis)
         return self.names[key]
 
-    def block_layout(self, analysis: Analysis) -> BlockLayout:
+    def block_layout(self, analysis: SegmentedStep) -> BlockLayout:
         key = self.key(analysis)
         if key not in self.blocks:
             self.blocks[key] = build_block_layout(analysis, self.block_names(analysis))
             self.builds += 1
         return self.blocks[key]
 
-    def op_layout(self, analysis: Analysis, instance: int) -> OpLayout:
+    def op_layout(self, analysis: SegmentedStep, instance: int) -> OpLayout:
         key = (self.key(analysis), instance)
         if key not in self.ops:
             self.ops[key] = build_op_layout(analysis, instance)
@@ -116,7 +116,7 @@ class LayoutCache:
         return self.ops[key]
 
 
-def model_key(analysis: Analysis) -> str:
+def model_key(analysis: SegmentedStep) -> str:
     """Identity of what the layout depends on: the ops, the blocks and the segments."""
     hasher = hashlib.sha256()
     for op in analysis.graph.ops:
@@ -126,7 +126,7 @@ def model_key(analysis: Analysis) -> str:
     return hasher.hexdigest()[:16]
 
 
-def runs(analysis: Analysis) -> list[list[int]]:
+def runs(analysis: SegmentedStep) -> list[list[int]]:
     """Maximal runs of consecutive instances of one segment type."""
     out: list[list[int]] = []
     for instance in analysis.segments.instances:
@@ -137,7 +137,7 @@ def runs(analysis: Analysis) -> list[list[int]]:
     return out
 
 
-def build_block_layout(analysis: Analysis, names: tuple[str, ...]) -> BlockLayout:
+def build_block_layout(analysis: SegmentedStep, names: tuple[str, ...]) -> BlockLayout:
     segments = analysis.segments
     classes: dict[tuple[int, int], int] = {}
     class_list: list[BlockClass] = []
@@ -192,7 +192,7 @@ def build_block_layout(analysis: Analysis, names: tuple[str, ...]) -> BlockLayou
     )
 
 
-def build_op_layout(analysis: Analysis, index: int) -> OpLayout:
+def build_op_layout(analysis: SegmentedStep, index: int) -> OpLayout:
     """Ops in layers by depth (x); within a layer, ordered by the mean rank of the producers
     already placed (the barycentre heuristic of layered drawing), so that most edges run
     straight instead of crossing the layer."""

@@ -19,7 +19,7 @@ from explorer.ui import style
 from explorer.ui.layout import BlockLayout, OpLayout
 
 if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
+    from explorer.pipeline import SegmentedStep
     from explorer.plan import Plan
     from explorer.ui.state import Choice
 
@@ -38,7 +38,7 @@ class NodeStyle:
     hover: tuple[str, ...]
 
 
-def strategy_palette(analysis: Analysis) -> dict[str, str]:
+def strategy_palette(analysis: SegmentedStep) -> dict[str, str]:
     """One colour per strategy name, in the order the blocks offer them."""
     names: dict[str, None] = {}
     for block in analysis.blocks:
@@ -48,7 +48,7 @@ def strategy_palette(analysis: Analysis) -> dict[str, str]:
 
 
 def block_styles(
-    analysis: Analysis,
+    analysis: SegmentedStep,
     layout: BlockLayout,
     choice: Choice | None,
     pins: Mapping[int, str] | None = None,
@@ -106,7 +106,7 @@ def block_styles(
 
 
 def op_styles(
-    analysis: Analysis,
+    analysis: SegmentedStep,
     layout: OpLayout,
     choice: Choice | None,
     plan: Plan | None,
@@ -182,7 +182,7 @@ class OpNodes:
 
 
 def op_nodes(
-    analysis: Analysis,
+    analysis: SegmentedStep,
     layout: OpLayout,
     roles: str,
     collapsed: frozenset[str],

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from explorer.analysis import Analysis, SegmentedStep
 from explorer.errors import ExplorerError, NoPlanFitsError
 from explorer.solve import Frontier
 from explorer.ui import style
@@ -25,7 +26,6 @@ from explorer.ui.messages import Messages
 from explorer.ui.state import choice_from_point
 
 if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
     from explorer.plan import Plan
     from explorer.ui.explain_view import ExplainView
 
@@ -49,19 +49,19 @@ class Presenter(Controls, Messages):
         """The current plan as a full `Plan` document (built on first use, then kept)."""
         with self._lock:
             s = self.session
-            if s.plan is None and s.choice is not None and s.analysis is not None:
+            if s.plan is None and s.choice is not None and isinstance(s.analysis, Analysis):
                 s.plan = s.analysis.plan(
                     memory_budget=s.budget, pins=dict(s.pins) or None, uniform=s.uniform or None
                 )
             return s.plan
 
-    def _present(self, analysis: Analysis) -> None:
+    def _present(self, analysis: SegmentedStep) -> None:
         """Fill the controls that list the analysis's segments and blocks, and draw it."""
         from explorer.ui.table import table_html
 
         s = self.session
         self._unit = style.memory_unit(
-            analysis.frontier.points[-1].memory if analysis.profile_table is not None else 0
+            analysis.frontier.points[-1].memory if isinstance(analysis, Analysis) else 0
         )
         self.baseline_table.value = table_html(s.baselines, self._unit) if s.baselines else ""
         names = self.graph.names(analysis)
@@ -85,14 +85,14 @@ class Presenter(Controls, Messages):
                 self.pin_block_w.value = selected[0] if selected else pinnable[0]
             self._pin_strategies()
             self._collapse_options()
-            profiled = analysis.profile_table is not None
+            profiled = isinstance(analysis, Analysis)
             self.budget_w.disabled = not profiled
             self.fastest_w.disabled = not profiled
         finally:
             self._syncing = False
         self._show_pins()
         self.explain_view.clear(analysis)
-        if analysis.profile_table is None:
+        if not isinstance(analysis, Analysis):
             self.summary_w.value = html.escape(
                 f"{len(analysis.blocks)} ParallelBlocks in {len(analysis.segments.instances)} "
                 f"segments on mesh {analysis.mesh}; profiling..."
@@ -147,7 +147,7 @@ class Presenter(Controls, Messages):
         ops (their PartitionSpecs come from it).
         """
         analysis = self.session.analysis
-        if analysis is None or analysis.profile_table is None:
+        if not isinstance(analysis, Analysis):
             return
         start = time.perf_counter()
         s = self.session
@@ -214,15 +214,16 @@ class Presenter(Controls, Messages):
         """The frontier for the session's pins and uniform mode: re-solved when they change,
         so that a slider move under pins is a lookup too."""
         s = self.session
-        assert s.analysis is not None
+        analysis = s.analysis
+        assert isinstance(analysis, Analysis)  # a plan is solved only once profiled
         if not s.pins and not s.uniform:
-            return s.analysis.frontier
+            return analysis.frontier
         key = (tuple(sorted(s.pins.items())), s.uniform)
-        if s.pinned is None or s.pinned[0] is not s.analysis or s.pinned[1:3] != key:
+        if s.pinned is None or s.pinned[0] is not analysis or s.pinned[1:3] != key:
             # unticked means the engine's default: uniform anyway for a step with a scan,
             # whose applied loop shares one configuration across its iterations
-            solved = s.analysis.frontier_for(dict(s.pins), s.uniform or None)
-            s.pinned = (s.analysis, *key, solved)
+            solved = analysis.frontier_for(dict(s.pins), s.uniform or None)
+            s.pinned = (analysis, *key, solved)
         frontier: Frontier = s.pinned[3]
         return frontier
 
@@ -267,7 +268,7 @@ class Presenter(Controls, Messages):
     def _show_bars(self) -> None:
         s = self.session
         analysis = s.analysis
-        if analysis is None or analysis.profile_table is None:
+        if not isinstance(analysis, Analysis):
             return
         instance = analysis.segments.instances[s.selected]
         base = self._bars_base.get(instance.unique_id)
@@ -281,7 +282,7 @@ class Presenter(Controls, Messages):
     def _show_frontier(self) -> None:
         s = self.session
         analysis = s.analysis
-        if analysis is None or analysis.profile_table is None:
+        if not isinstance(analysis, Analysis):
             return
         current = None if s.choice is None else (s.choice.memory, s.choice.time)
         others = tuple(

@@ -16,7 +16,7 @@ from typing import Any
 
 from explorer import models
 from explorer.errors import ProfilingCancelled
-from explorer.pipeline import Analysis, analyze
+from explorer.pipeline import SegmentedStep, analyze
 from explorer.profile.runner import distinct_programs
 from explorer.ui.bars import empty_bars, symbolic_costs
 from explorer.ui.frontier import frontier_data
@@ -24,7 +24,7 @@ from explorer.ui.present import Presenter
 from explorer.ui.state import Settings, Snapshot, counting, paired_strategies
 
 
-def excluded_notes(analysis: Analysis) -> list[str]:
+def excluded_notes(analysis: SegmentedStep) -> list[str]:
     """Why strategies were left out (a mesh axis that does not divide a dim), per block."""
     notes = []
     for block in analysis.blocks:
@@ -85,7 +85,7 @@ class Runner(Presenter):
         self.cancel_w.disabled = True
         self.progress_label.value = "cancelling: finishing the programs being compiled..."
 
-    def wait(self, timeout: float | None = None) -> Analysis | None:
+    def wait(self, timeout: float | None = None) -> SegmentedStep | None:
         """Block until the current run is done; its error, if any, is in `message`."""
         if self._worker is not None:
             self._worker.join(timeout)
@@ -227,7 +227,7 @@ class Runner(Presenter):
         except Exception as err:  # progress is best effort; the run itself reports its errors
             self.progress_label.value = f"no progress count: {err}"
 
-    def _adopt(self, analysis: Analysis, settings: Settings) -> None:
+    def _adopt(self, analysis: SegmentedStep, settings: Settings) -> None:
         """A new analysis (shape only, or profiled): reset what depends on it, redraw.
 
         A new model or mesh opens on its fastest plan: the budget does not carry over (a

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from explorer.pipeline import Analysis
+    from explorer.pipeline import Analysis, SegmentedStep
     from explorer.plan import Plan
     from explorer.ui.bars import Symbolic
     from explorer.ui.table import BaselineRow
@@ -73,7 +73,7 @@ def choice_from_point(analysis: Analysis, point: Any, budget: float | None) -> C
 @dataclass
 class Session:
     settings: Settings
-    analysis: Analysis | None = None
+    analysis: SegmentedStep | None = None  # an `Analysis` once profiled
     budget: float | None = None  # bytes per device; None: the fastest plan
     pins: dict[int, str] = field(default_factory=dict)  # block index -> strategy name
     uniform: bool = False
@@ -93,7 +93,7 @@ class Snapshot:
     """What the app showed before a run, put back when the run fails or is cancelled."""
 
     settings: Settings
-    analysis: Analysis | None
+    analysis: SegmentedStep | None
     budget: float | None
     pins: tuple[tuple[int, str], ...]
     uniform: bool
