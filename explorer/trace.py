@@ -18,6 +18,9 @@ A float leaf returned updated without any gradient in its update (BatchNorm stat
 EMA) is ambiguous: it becomes optimizer state with a `RoleWarning`. A step that takes no
 gradient trains nothing: its inputs are data. `arg_roles` overrides any of this (see
 `ArgRoles`).
+
+Input roles are classified in `explorer.input_roles`; op roles, depths and backward-to-forward
+links in `explorer.op_roles`.
 """
 
 from __future__ import annotations
@@ -25,18 +28,19 @@ from __future__ import annotations
 import inspect
 import os
 import traceback
-import warnings
-from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import numpy as np
 
 from explorer import _jax_compat as jc
-from explorer.errors import ArgumentMismatchError, ExplorerError, RoleWarning, TraceError
-from explorer.ir import INPUT_KINDS, Graph, OpNode, Role, TensorType, Value, ValueKind
+from explorer.errors import ArgumentMismatchError, ExplorerError, TraceError
+from explorer.input_roles import AMBIGUOUS_ROLES, _classify_inputs, _leaf_path
+from explorer.ir import INPUT_KINDS, Graph, OpNode, TensorType, Value, ValueKind
+from explorer.op_roles import _depths, _link_backward_to_forward, _op_roles
+
+__all__ = ["AMBIGUOUS_ROLES", "ARG_ROLE_KINDS", "ArgRoles", "trace"]
 
 ARG_ROLE_KINDS = {
     "params": ValueKind.PARAMETER,
@@ -63,18 +67,6 @@ declared `data` that holds a PRNG key is `rng`.
 """
 
 _INFER = object()  # a leaf whose role the structural inference decides
-
-
-AMBIGUOUS_ROLES = (
-    "{count} float input leaf/leaves are returned updated, but no gradient flows into the "
-    "update (e.g. {examples}). They are treated as optimizer state: kept like the parameter "
-    "whose path they end with, else replicated. If they are parameters or data, say so with "
-    "`arg_roles`, e.g. `arg_roles=lambda path, leaf: 'data' if 'batch_stats' in path else None`."
-)
-
-# Ops that only move or retype data: looked through when matching a backward op to the
-# forward op that shares its operands (`rev`: a conv's input gradient reads the kernel flipped).
-_LAYOUT_OPS = frozenset({"transpose", "reshape", "convert_element_type", "copy", "copy_p", "rev"})
 
 
 def trace(
@@ -175,11 +167,6 @@ def _role_kind(role: Any, where: str) -> ValueKind | None:
         f"unknown argument role(s) [{role!r}] for {where}; expected one of "
         f"{sorted(_ROLE_NAMES)} (or None to infer it)"
     )
-
-
-def _leaf_path(path: Any, names: tuple[str, ...]) -> str:
-    """`state.params['w']`: the argument's name, then the path inside it."""
-    return names[path[0].idx] + jax.tree_util.keystr(tuple(path[1:]))
 
 
 def _arg_names(step: Callable[..., Any], count: int) -> tuple[str, ...]:
@@ -320,220 +307,6 @@ def _build_graph(
         out_tree=jax.tree_util.tree_structure(out_shape),
         input_notes=classes.notes,
     )
-
-
-# -- input roles ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _InputClasses:
-    kinds: tuple[ValueKind, ...]  # per flattened input leaf
-    paths: tuple[str, ...]
-    notes: tuple[str, ...]  # how the roles were decided, for `Graph.role_summary`
-
-
-def _classify_inputs(
-    program: jc.FlatProgram,
-    op_roles: list[Role],
-    *,
-    args: tuple[Any, ...],
-    declared: list[ValueKind | None],
-    names: tuple[str, ...],
-    outputs: list[Any],
-) -> _InputClasses:
-    """The role of each input leaf: declared where `declared` says, else inferred (module doc).
-
-    `outputs` are the key paths of the step's flattened results."""
-    flat = jax.tree_util.tree_flatten_with_path(args)[0]
-    paths = tuple(_leaf_path(path, names) for path, _ in flat)
-    trains = Role.BACKWARD in op_roles  # without a gradient nothing is trained: all data
-    updates = _updated_outputs(program, [p for p, _ in flat], outputs) if trains else {}
-    from_gradient = _gradient_derived(program, op_roles)
-    read_forward = {
-        vid
-        for eqn, role in zip(program.eqns, op_roles, strict=True)
-        if role is Role.FORWARD
-        for vid in eqn.invars
-    }
-    kinds: list[ValueKind] = []
-    ambiguous: list[str] = []
-    for index, ((_, leaf), given) in enumerate(zip(flat, declared, strict=True)):
-        if given is not None:  # as declared, but a key declared data is rng
-            kinds.append(
-                ValueKind.RNG if given is ValueKind.DATA and _looks_like_key(leaf) else given
-            )
-            continue
-        update = updates.get(index)
-        uses_grad = update in from_gradient
-        kind = _inferred_kind(leaf, update, program.invars[index] in read_forward, uses_grad)
-        if kind is ValueKind.OPTIMIZER_STATE and _is_float(leaf) and not uses_grad:
-            ambiguous.append(paths[index])
-        kinds.append(kind)
-    notes = [_how_decided(declared)]
-    if not trains and None in declared:
-        notes.append("the step takes no gradient: inputs not declared by arg_roles are data")
-    if ambiguous:
-        message = AMBIGUOUS_ROLES.format(count=len(ambiguous), examples=", ".join(ambiguous[:3]))
-        warnings.warn(message, RoleWarning, stacklevel=4)
-        notes.append(message)
-    return _InputClasses(tuple(kinds), paths, tuple(notes))
-
-
-def _inferred_kind(leaf: Any, update: int | None, read_forward: bool, uses_grad: bool) -> ValueKind:
-    """A leaf's role from its dtype, whether the step returns it updated (`update`: the
-    value id of the update), whether the forward pass reads it and whether its update uses
-    a gradient."""
-    if _looks_like_key(leaf):
-        return ValueKind.RNG
-    if update is None:
-        return ValueKind.DATA
-    if _is_float(leaf) and read_forward and uses_grad:
-        return ValueKind.PARAMETER
-    return ValueKind.OPTIMIZER_STATE
-
-
-def _how_decided(declared: list[ValueKind | None]) -> str:
-    given = sum(kind is not None for kind in declared)
-    if given == 0:
-        return "input roles inferred from how the step updates its inputs"
-    if given == len(declared):
-        return "input roles declared by arg_roles"
-    return f"input roles: {given} leaves declared by arg_roles, {len(declared) - given} inferred"
-
-
-def _updated_outputs(
-    program: jc.FlatProgram, inputs: list[Any], outputs: list[Any]
-) -> dict[int, int]:
-    """Input leaf index -> value id of the output the step returns as its update.
-
-    An update has the input's shape and dtype and the same path: the same full path
-    (`step(state, batch) -> (state, loss)`) or, failing that, the same path below the
-    positional argument (`step(params, opt, x) -> (loss, params, opt)`, or a step returning
-    one pytree). An output that is the input itself, passed through, is no update.
-    """
-    passed_through = set(program.invars)
-    exact: dict[tuple[str, Any], list[int]] = defaultdict(list)
-    below: dict[tuple[str, Any], list[int]] = defaultdict(list)
-    for path, vid in zip(outputs, program.outvars, strict=True):
-        if vid in passed_through:
-            continue
-        aval = program.avals[vid]
-        exact[(_keystr(path), aval)].append(vid)
-        below[(_keystr(path), aval)].append(vid)  # a step returning one pytree
-        if path:
-            below[(_keystr(path[1:]), aval)].append(vid)  # one of a tuple of results
-    found: dict[int, int] = {}
-    claimed: set[int] = set()
-    for table, skip in ((exact, 0), (below, 1)):  # every exact match first
-        for index, path in enumerate(inputs):
-            key = (_keystr(path[skip:]), program.avals[program.invars[index]])
-            free = [vid for vid in table.get(key, ()) if vid not in claimed]
-            if index not in found and free:
-                found[index] = free[0]
-                claimed.add(free[0])
-    return found
-
-
-def _keystr(path: Sequence[Any]) -> str:
-    return jax.tree_util.keystr(tuple(path))
-
-
-def _gradient_derived(program: jc.FlatProgram, op_roles: list[Role]) -> set[int]:
-    """Values the backward pass makes, and everything computed from them (the updates)."""
-    derived: set[int] = set()
-    for eqn, role in zip(program.eqns, op_roles, strict=True):
-        if role is Role.BACKWARD or any(v in derived for v in eqn.invars):
-            derived.update(eqn.outvars)
-    return derived
-
-
-def _is_float(leaf: Any) -> bool:
-    return bool(jax.dtypes.issubdtype(leaf.dtype, np.inexact))
-
-
-def _looks_like_key(leaf: Any) -> bool:
-    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-        return True
-    return bool(leaf.dtype == np.uint32 and tuple(leaf.shape) == (2,))
-
-
-def _op_roles(program: jc.FlatProgram, producer: dict[int, int]) -> list[Role]:
-    """Backward: made by transposition. Forward: linearised, or feeding the backward pass.
-
-    Everything else (moment updates, step counters, the parameter update) is the optimizer.
-    A step without any backward op is all forward.
-    """
-    eqns = program.eqns
-    backward = [jc.is_transposed(e.name_stack) for e in eqns]
-    if not any(backward):
-        return [Role.FORWARD] * len(eqns)
-    feeds_backward = [False] * len(eqns)
-    for op_id in range(len(eqns) - 1, -1, -1):
-        if backward[op_id] or feeds_backward[op_id]:
-            for vid in eqns[op_id].invars:
-                if vid in producer and not backward[producer[vid]]:
-                    feeds_backward[producer[vid]] = True
-    roles = []
-    for op_id, eqn in enumerate(eqns):
-        if backward[op_id]:
-            roles.append(Role.BACKWARD)
-        elif feeds_backward[op_id] or jc.is_linearized(eqn.name_stack):
-            roles.append(Role.FORWARD)
-        else:
-            roles.append(Role.OPTIMIZER)
-    return roles
-
-
-def _depths(program: jc.FlatProgram, producer: dict[int, int]) -> list[int]:
-    depths: list[int] = []
-    for eqn in program.eqns:
-        deps = [depths[producer[v]] for v in eqn.invars if v in producer]
-        depths.append(1 + max(deps, default=0))
-    return depths
-
-
-def _link_backward_to_forward(
-    program: jc.FlatProgram, producer: dict[int, int], roles: list[Role]
-) -> dict[int, int]:
-    """Map each backward op to the forward op it was derived from.
-
-    JAX keeps the primal equation's source location on the equations its transpose makes,
-    so the candidates are forward ops of the same primitive at the same source line and user
-    scope. Layers unrolled in a loop and shared helpers (one `dense()` for every matmul) give
-    several candidates; the right one shares an operand with the backward op (the weight for
-    the input cotangent, the saved activation for the weight cotangent), looked up through
-    transposes, reshapes and casts.
-    """
-    eqns = program.eqns
-
-    def origin(vid: int) -> int:
-        while vid in producer and eqns[producer[vid]].primitive.name in _LAYOUT_OPS:
-            vid = eqns[producer[vid]].invars[0]
-        return vid
-
-    candidates: dict[tuple[str, str, str], list[int]] = defaultdict(list)
-    for op_id, eqn in enumerate(eqns):
-        if roles[op_id] is Role.FORWARD:
-            key = (eqn.primitive.name, eqn.source, jc.scope_of(eqn.name_stack))
-            candidates[key].append(op_id)
-
-    links: dict[int, int] = {}
-    for op_id, eqn in enumerate(eqns):
-        if roles[op_id] is not Role.BACKWARD:
-            continue
-        key = (eqn.primitive.name, eqn.source, jc.scope_of(eqn.name_stack))
-        found = candidates.get(key, [])
-        if len(found) == 1:
-            links[op_id] = found[0]
-        elif found:
-            mine = {origin(v) for v in eqn.invars}
-            shared = [
-                len(mine & {origin(v) for v in (*eqns[f].invars, *eqns[f].outvars)}) for f in found
-            ]
-            best = max(range(len(found)), key=shared.__getitem__)
-            if shared[best] > 0:
-                links[op_id] = found[best]
-    return links
 
 
 # -- messages -------------------------------------------------------------------------------

@@ -572,7 +572,7 @@ def test_earlier_least_value_matches_a_loop_whatever_the_range(scale: int) -> No
     """The skyline's first sweep keeps runs apart by shifting values, with no sort; at a
     range that could overflow the shift it ranks the values instead. Both give the loop's
     answer."""
-    from explorer.solve import _earlier_least_value
+    from explorer.pareto import _earlier_least_value
 
     rng = np.random.default_rng(7)
     values = rng.integers(0, 1000, size=400).astype(np.int64) * (scale // 1000 or 1)

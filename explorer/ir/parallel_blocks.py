@@ -1,0 +1,198 @@
+"""ParallelBlocks and the configuration space: head dim roles, strategies, the blocks an
+analysis found, one strategy per block (`Config`) and where it puts every value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from explorer.ir.graph import CONTRACTION_PRIMITIVES, Graph
+
+# Per dim of a value: the mesh axes splitting it, outermost first (empty tuple: not split).
+DimAxes = tuple[tuple[str, ...], ...]
+
+
+class DimRole(StrEnum):
+    """The partitionable dims of a block's head contraction (paper Sec. 4.2).
+
+    E: the dot's batch dim (the expert dim of a batched expert matmul); M: the first free dim
+    of the left operand (batch / rows); N: the first free dim of the right operand (columns);
+    K: the contracted dim (leaves partial sums, so the head's result is all-reduced).
+
+    Where a role has several candidate dims (a dot with two batch dims, a fused q/k/v weight
+    `[d, 3, heads, hd]`), it takes the first whose size divides the parallelism, and
+    `ParallelBlock.role_notes` says which were passed over. A convolution's roles: M is its
+    batch, N its output features, K its input features; a grouped convolution splits whole
+    feature groups as E instead of N and K.
+    """
+
+    E = "E"
+    M = "M"
+    N = "N"
+    K = "K"
+
+
+@dataclass(frozen=True, slots=True)
+class ValueLayout:
+    """Which dim of a value each role's split lands on (after propagation through the block)."""
+
+    value: int
+    dims: tuple[tuple[DimRole, int], ...]
+
+    def dim_of(self, role: DimRole) -> int | None:
+        for r, d in self.dims:
+            if r is role:
+                return d
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class OperandLayout:
+    """A layout the block requires of one operand of one of its ops (consumer side)."""
+
+    op: int
+    position: int
+    layout: ValueLayout
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One partition choice of a block: which mesh axes split which head dim roles."""
+
+    assignment: tuple[tuple[DimRole, tuple[str, ...]], ...]
+
+    @property
+    def name(self) -> str:
+        if not self.assignment:
+            return "replicated"
+        return ",".join(f"{role.value}@{'+'.join(axes)}" for role, axes in self.assignment)
+
+    def axes_of(self, role: DimRole) -> tuple[str, ...]:
+        for r, axes in self.assignment:
+            if r is role:
+                return axes
+        return ()
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class ExcludedStrategy:
+    strategy: Strategy
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelBlock:
+    """Ops whose partition follows from the head contraction's without communication."""
+
+    index: int
+    head: int  # op id of the first contraction op
+    forward_ops: tuple[int, ...]  # the head and the forward ops the split propagates through
+    backward_ops: tuple[int, ...]  # backward ops derived from the forward members
+    branch_ops: tuple[int, ...]  # ops on parameter input branches feeding the block
+    role_sizes: tuple[tuple[DimRole, int], ...]  # size of the head dim of each role
+    layouts: tuple[ValueLayout, ...]  # values the block produces or owns (sorted by id)
+    operand_layouts: tuple[OperandLayout, ...]  # layouts the head wants of its operands
+    scope: str
+    ends: tuple[str, ...] = ()  # why the propagation stopped where it did
+    strategies: tuple[Strategy, ...] = ()
+    excluded: tuple[ExcludedStrategy, ...] = ()
+    role_notes: tuple[str, ...] = ()  # why a role took the dim it did, or is not offered
+
+    def __post_init__(self) -> None:
+        members = self.forward_ops + self.backward_ops + self.branch_ops
+        if len(set(members)) != len(members):
+            raise ValueError(f"block {self.index}: an op is listed twice")
+        if self.head not in self.forward_ops:
+            raise ValueError(f"block {self.index}: head {self.head} is not a member")
+
+    @property
+    def ops(self) -> tuple[int, ...]:
+        return tuple(sorted(self.forward_ops + self.backward_ops + self.branch_ops))
+
+    @property
+    def roles(self) -> tuple[DimRole, ...]:
+        return tuple(role for role, _ in self.role_sizes)
+
+    def layout_of(self, value: int) -> ValueLayout | None:
+        for layout in self.layouts:
+            if layout.value == value:
+                return layout
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """An op or parameter wanted by several blocks; `chosen` is the block whose layout it takes."""
+
+    value: int
+    blocks: tuple[int, ...]
+    chosen: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAnalysis:
+    blocks: tuple[ParallelBlock, ...]
+    block_of_op: tuple[int | None, ...]  # per op id
+    conflicts: tuple[Conflict, ...]
+    unknown_primitives: tuple[str, ...]  # primitives the affine analysis does not know
+    parallelism: int
+
+    def __post_init__(self) -> None:
+        seen: set[int] = set()
+        for block in self.blocks:
+            ops = set(block.ops)
+            if ops & seen:
+                raise ValueError(f"blocks overlap on ops {sorted(ops & seen)[:5]}")
+            seen |= ops
+
+    def summary(self, graph: Graph) -> str:
+        lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism})"]
+        for block in self.blocks:
+            head = graph.ops[block.head]
+            inner = sum(
+                1 for o in block.forward_ops if graph.ops[o].primitive in CONTRACTION_PRIMITIVES
+            )
+            lines.append(
+                f"  block {block.index:3d} head #{block.head} {head.scope or '<root>'} "
+                f"{head.input_types[0]} x {head.input_types[1]}: "
+                f"{len(block.forward_ops)} fwd ({inner} contraction), "
+                f"{len(block.backward_ops)} bwd, "
+                f"{len(block.branch_ops)} branch; roles "
+                + " ".join(f"{r.value}={n}" for r, n in block.role_sizes)
+                + (
+                    f"; strategies {', '.join(s.name for s in block.strategies)}"
+                    if block.strategies
+                    else ""
+                )
+            )
+        if self.unknown_primitives:
+            lines.append(f"  unknown primitives (end blocks): {', '.join(self.unknown_primitives)}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """One strategy per block: `choices[i]` indexes `blocks[i].strategies`."""
+
+    choices: tuple[int, ...]
+
+    def names(self, blocks: tuple[ParallelBlock, ...]) -> tuple[str, ...]:
+        return tuple(b.strategies[c].name for b, c in zip(blocks, self.choices, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingAssignment:
+    """Where every constrained value of the step lives on the mesh under one Config."""
+
+    mesh_axes: tuple[tuple[str, int], ...]
+    inputs: tuple[DimAxes, ...]  # per flattened step argument
+    outputs: tuple[DimAxes, ...]  # per flattened step result
+    values: tuple[tuple[int, DimAxes], ...]  # producer side: value id -> layout
+    operands: tuple[tuple[int, int, DimAxes], ...]  # consumer side: (op id, position) -> layout
+
+    def value_map(self) -> dict[int, DimAxes]:
+        return dict(self.values)

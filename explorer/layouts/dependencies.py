@@ -1,0 +1,116 @@
+"""What a segment instance's program depends on beyond its own blocks: the twins of blocks
+inside a scan, the blocks of other instances whose strategy changes its program, and the name
+of a segment configuration with the strategies it depends on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from explorer.ir import BlockAnalysis, Config, Graph, ParallelBlock, Segmentation
+from explorer.layouts.placement import Placement, boundary_reads, place
+from explorer.mesh import MeshSpec
+
+
+def loop_twins(graph: Graph, blocks: Sequence[ParallelBlock]) -> tuple[int, ...]:
+    """Per block, its twin: the same block of the first iteration of every scan it lies in
+    (`Graph.loop_twin` of its head); a block outside every scan is its own twin.
+
+    Why: within a scan every iteration runs one body, so plans of a step with a scan give a
+    block and its twins one strategy (uniform plans; `apply_plan` keeps the scan), and a
+    dependency on the same block of another iteration is a dependency on one's own strategy.
+    The iterations share the stacked parameters (one value, sliced per iteration), whose
+    layout all of them decide; without twins each iteration would depend on every other.
+    A block whose twin position holds no block with the same strategies stays its own twin.
+    """
+    by_head = {block.head: block for block in blocks}
+    twins = []
+    for block in blocks:
+        twin = by_head.get(graph.loop_twin(block.head))
+        same = twin is not None and twin.strategies == block.strategies
+        twins.append(twin.index if twin is not None and same else block.index)
+    return tuple(twins)
+
+
+def twin_config(twins: Sequence[int], blocks: Sequence[int], choices: Sequence[int]) -> Config:
+    """The whole-step Config that gives each of `blocks` its choice and every twin of one of
+    them the same strategy (a uniform plan's placement of what the scan's iterations share:
+    the stacked parameters); every other block takes strategy 0. A block's own choice stands
+    over a twin's (the first given wins between twins of one another)."""
+    if len(blocks) != len(choices):
+        raise ValueError(
+            f"expected one strategy per block: {len(blocks)} blocks, {len(choices)} choices"
+        )
+    own = dict(zip(blocks, choices, strict=True))
+    by_twin: dict[int, int] = {}
+    for block, choice in own.items():
+        by_twin.setdefault(twins[block], choice)
+    return Config(tuple(own.get(b, by_twin.get(twin, 0)) for b, twin in enumerate(twins)))
+
+
+def external_blocks(
+    placement: Placement,
+    graph: Graph,
+    segmentation: Segmentation,
+    index: int,
+    twins: Sequence[int],
+) -> tuple[int, ...]:
+    """Blocks of other segment instances whose strategy changes instance `index`'s program,
+    each named by its twin (`loop_twins`).
+
+    Its boundary tensors arrive in layouts its own first and last blocks decide; anything else
+    it reads or makes whose layout another instance's block decided (a parameter tied to a
+    block elsewhere, a value made far away) makes its cost depend on that block's strategy.
+    A block whose twin is the twin of one of the instance's own blocks is left out: it takes
+    the instance's own strategy (the same block of another iteration of a scan).
+    """
+    instance = segmentation.instances[index]
+    own = set(instance.ops)
+    boundary = {v for v, reader in boundary_reads(segmentation, graph) if reader == index}
+    found: set[int] = set()
+    for op_id in instance.ops:
+        op = graph.ops[op_id]
+        for vid in op.inputs:
+            producer = graph.values[vid].producer
+            if (producer is None or producer not in own) and vid not in boundary:
+                found |= placement.sources[vid]
+        for vid in op.outputs:
+            found |= placement.sources[vid]
+    mine = {twins[b] for b in instance.blocks}
+    return tuple(sorted({twins[b] for b in found} - mine))
+
+
+def instance_dependencies(
+    graph: Graph, analysis: BlockAnalysis, segmentation: Segmentation, mesh: MeshSpec
+) -> tuple[tuple[int, ...], ...]:
+    """Per instance, the blocks of other instances whose strategy changes its program (by
+    their twins: the first iteration's blocks for blocks inside a scan)."""
+    zero = Config((0,) * len(analysis.blocks))
+    placement = place(graph, analysis.blocks, zero, mesh, segmentation)
+    twins = loop_twins(graph, analysis.blocks)
+    return tuple(
+        external_blocks(placement, graph, segmentation, n, twins)
+        for n in range(len(segmentation.instances))
+    )
+
+
+# between a segment configuration's own strategies and those of the blocks it depends on
+CONTEXT_SEPARATOR = " | "
+
+
+def configuration_name(
+    blocks: tuple[ParallelBlock, ...],
+    own: tuple[int, ...],
+    choices: tuple[int, ...],
+    depends: tuple[int, ...] = (),
+    context: tuple[int, ...] = (),
+) -> str:
+    """A segment configuration's name: its blocks' strategies (`"M@x,N@x"`, `"-"` without
+    blocks), then those of the blocks it depends on (`" | head:N@x"`)."""
+    name = ",".join(blocks[b].strategies[c].name for b, c in zip(own, choices, strict=True))
+    name = name or "-"
+    if depends:
+        name += CONTEXT_SEPARATOR + ",".join(
+            f"{blocks[b].scope or b}:{blocks[b].strategies[c].name}"
+            for b, c in zip(depends, context, strict=True)
+        )
+    return name
