@@ -48,6 +48,7 @@ from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
     from explorer.platforms import Platform, PlatformLike
+    from explorer.profile.profiles import Profiles
 
 DEFAULT_CACHE = "~/.cache/explorer/profiles.sqlite"
 
@@ -64,7 +65,7 @@ class Analysis:
     args: tuple[Any, ...]
     platform: Any = None
     backend: str = "compiled"
-    profile_table: pd.DataFrame | None = None
+    profiled: Profiles | None = None  # profile_all's typed profiles
     cost_model: CostModel | None = None
     default_frontier: Frontier | None = None
 
@@ -92,16 +93,21 @@ class Analysis:
 
     @property
     def profiles(self) -> pd.DataFrame:
-        return self._require_profiles()
+        return self._require_profiles().frame()
 
-    def _require_profiles(self) -> pd.DataFrame:
-        if self.profile_table is None:
+    @property
+    def profile_table(self) -> pd.DataFrame | None:
+        """The profiles as a table, or None without profiles (`profile=False`)."""
+        return None if self.profiled is None else self.profiled.frame()
+
+    def _require_profiles(self) -> Profiles:
+        if self.profiled is None:
             raise AnalysisError(
                 "this analysis has no profiles: it was made with analyze(..., profile=False), "
                 "which stops after segmentation. Run analyze(..., profile=True) (the default) "
                 "to profile every segment configuration."
             )
-        return self.profile_table
+        return self.profiled
 
     @property
     def frontier(self) -> Frontier:
@@ -502,7 +508,7 @@ def analyze(
     from explorer.profile.runner import profile_all
 
     with ProfileCache(cache) as store:
-        table = profile_all(
+        profiled = profile_all(
             graph,
             blocks,
             segments,
@@ -510,7 +516,7 @@ def analyze(
             platform=target,
             backend=backend,
             cache=store,
-            budget=budget,
+            config_cap=budget,
             workers=workers,
             progress=progress,
             only=only,
@@ -519,7 +525,7 @@ def analyze(
     from explorer.layouts import instance_dependencies, loop_twins
 
     dependencies = instance_dependencies(graph, blocks, segments, spec)
-    model = build_cost_model(segments, table, dependencies, loop_twins(graph, blocks.blocks))
+    model = build_cost_model(segments, profiled, dependencies, loop_twins(graph, blocks.blocks))
     return Analysis(
         graph,
         blocks,
@@ -529,7 +535,7 @@ def analyze(
         tuple(args),
         target,
         backend,
-        table,
+        profiled,
         model,
         solve_frontier(model, uniform=bool(graph.loops)),  # see Analysis.plan
     )

@@ -273,7 +273,7 @@ def test_analyze_cuts_segments_at_its_profiling_budget() -> None:
     with pytest.raises(ProfilingBudgetError, match=r"81 configurations.*cap=27"):
         profile_all(
             wide.graph, wide.block_analysis, wide.segments, wide.mesh,
-            platform=load_platform("a100-pcie-8"), budget=27, progress=False,
+            platform=load_platform("a100-pcie-8"), config_cap=27, progress=False,
         )  # fmt: skip
 
 
