@@ -210,25 +210,18 @@ def composed_collectives(analysis: Any, selection: tuple[int, ...]) -> tuple[Emi
         for c in json.loads(found[0].collectives):
             out.append((c["kind"], int(c["bytes"]), tuple(c["axes"]), int(c["group"])))
 
+    segments, reshards = profiles.segments, profiles.reshards
     instances = analysis.segments.instances
     for n, instance in enumerate(instances):
         option = model.options[n][selection[n]]
         emitted(
-            [
-                p
-                for p in profiles.segments
-                if p.segment == instance.unique_id and p.config == option.name
-            ]
+            [p for p in segments if p.segment == instance.unique_id and p.config == option.name]
         )
         if n:
             before = model.options[n - 1][selection[n - 1]]
             pair = (instances[n - 1].unique_id, instance.unique_id)
             ends = (before.last, option.first)
             emitted(
-                [
-                    r
-                    for r in profiles.reshards
-                    if (r.before, r.after) == pair and (r.last, r.first) == ends
-                ]
+                [r for r in reshards if (r.before, r.after) == pair and (r.last, r.first) == ends]
             )
     return tuple(out)

@@ -15,6 +15,8 @@ from explorer.profile.cache_record import Status
 if TYPE_CHECKING:
     import pandas as pd
 
+__all__ = ["COLUMNS", "Profile", "Profiles", "ReshardProfile", "SegmentProfile"]
+
 # per combining group ("kind@axes/size"): combinable elements and that group's latency
 Combined = tuple[str, int, float]
 
