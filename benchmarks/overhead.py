@@ -20,7 +20,7 @@ def overhead(run: Run) -> None:
     from explorer.mesh import mesh_spec
     from explorer.platforms import load_platform
     from explorer.profile.cache import ProfileCache
-    from explorer.profile.runner import distinct_programs, profile_all
+    from explorer.profile.runner import profile_all
     from explorer.segments import build_segments
     from explorer.solve import solve_frontier
     from explorer.space import build_space
@@ -53,16 +53,16 @@ def overhead(run: Run) -> None:
                 )
                 with ProfileCache(where) as store:
                     start = time.perf_counter()
-                    table = profile_all(
+                    profiles = profile_all(
                         graph, blocks, segments, mesh, platform=platform, backend="compiled",
                         cache=store, progress=False,
                     )  # fmt: skip
                     row["profile_s"] = time.perf_counter() - start
-            row["programs"] = distinct_programs(table)
-            row["from_cache"] = int(table.loc[table["cached"], "program"].nunique())
+            row["programs"] = profiles.programs
+            row["from_cache"] = len({p.program for p in profiles.entries if p.cached})
             start = time.perf_counter()
             dependencies = instance_dependencies(graph, blocks, segments, mesh)
-            frontier = solve_frontier(build_cost_model(segments, table, dependencies))
+            frontier = solve_frontier(build_cost_model(segments, profiles, dependencies))
             row["solve_s"] = time.perf_counter() - start
             row["frontier_plans"] = len(frontier.points)
         except Exception as err:

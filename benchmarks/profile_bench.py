@@ -17,7 +17,6 @@ from pathlib import Path
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import explorer as ex
-from explorer.profile.runner import distinct_programs
 
 
 def _run(config: object, mesh: tuple[int, ...], cache: Path, platform: str) -> tuple[float, object]:
@@ -32,24 +31,26 @@ def main() -> None:
         cache = Path(tmp) / "profiles.sqlite"
         tiny = ex.models.GPTConfig.tiny()
         cold, analysis = _run(tiny, (4,), cache, "a100-pcie-8")
-        table = analysis.profiles  # type: ignore[attr-defined]
+        profiled = analysis.profiled  # type: ignore[attr-defined]
         warm, again = _run(tiny, (4,), cache, "a100-pcie-8")
+        cached = sum(p.cached for p in again.profiled.entries)  # type: ignore[attr-defined]
         print(
-            f"tiny GPT, mesh 4, compiled: {distinct_programs(table)} programs cold in {cold:.1f} s "
+            f"tiny GPT, mesh 4, compiled: {profiled.programs} programs cold in {cold:.1f} s "
             f"(target < 180 s); warm cache {warm:.2f} s (target < 5 s), "
-            f"{int(again.profiles['cached'].sum())} of {len(again.profiles)} from the cache"  # type: ignore[attr-defined]
+            f"{cached} of {len(again.profiled)} from the cache"  # type: ignore[attr-defined]
         )
         other, _ = _run(tiny, (4,), cache, "h100-sxm-8")
         print(f"same cache, another platform (re-priced, nothing compiled): {other:.2f} s")
         big, analysis = _run(ex.models.GPTConfig.gpt_6_7b(), (8,), cache, "a100-pcie-8")
-        table = analysis.profiles  # type: ignore[attr-defined]
-        ok = table[table["status"] == "ok"]
-        layer = ok[ok["label"] == "layer"].sort_values("t_total")
+        profiled = analysis.profiled  # type: ignore[attr-defined]
+        fastest = min(
+            (p for p in profiled.segments if p.ok and p.label == "layer"), key=lambda p: p.t_total
+        )
         print(
             f"GPT-6.7B (32 layers), mesh 8, compiled from abstract shapes: "
-            f"{distinct_programs(table)} programs in {big:.1f} s; "
-            f"fastest layer configuration {layer.iloc[0]['config']} "
-            f"({1e3 * layer.iloc[0]['t_total']:.1f} ms, {layer.iloc[0]['memory'] / 2**30:.2f} GiB)"
+            f"{profiled.programs} programs in {big:.1f} s; "
+            f"fastest layer configuration {fastest.config} "
+            f"({1e3 * fastest.t_total:.1f} ms, {fastest.memory / 2**30:.2f} GiB)"
         )
 
 

@@ -21,6 +21,7 @@ reads /proc). Takes several minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import os
 import sys
@@ -132,7 +133,7 @@ def main() -> None:
             report(done)
 
     with ProfileCache(None) as cache:
-        table = runner.profile_all(
+        profiles = runner.profile_all(
             analysis.graph,
             analysis.block_analysis,
             analysis.segments,
@@ -145,14 +146,15 @@ def main() -> None:
             only=first_n,
             on_program=on_program,
         )
-    ok = int((table["status"] == "ok").sum())
-    for reason, count in table.loc[table["status"] != "ok", "reason"].value_counts().items():
+    ok = sum(p.ok for p in profiles.entries)
+    failed = collections.Counter(p.reason for p in profiles.entries if not p.ok)
+    for reason, count in failed.most_common():
         print(f"not ok: {count} x {reason}")
     # growth is taken from the first report on (the first programs warm up JAX and XLA)
     first, last = samples[1] if len(samples) > 2 else samples[0], samples[-1]
     hundreds = (last[0] - first[0]) / 100 or 1
     print(
-        f"summary: {len(table)} programs ({ok} ok) in {time.perf_counter() - start:.0f} s; "
+        f"summary: {len(profiles)} programs ({ok} ok) in {time.perf_counter() - start:.0f} s; "
         f"maps {first[1]} at {first[0]} -> {last[1]} at {last[0]} "
         f"({(last[1] - first[1]) / hundreds:+.1f} per 100 programs); "
         f"RSS {first[2]:.0f} -> {last[2]:.0f} MiB ({(last[2] - first[2]) / hundreds:+.1f} MiB "

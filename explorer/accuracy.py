@@ -199,35 +199,29 @@ def composed_collectives(analysis: Any, selection: tuple[int, ...]) -> tuple[Emi
     import json
 
     model = analysis.cost_model
-    table = analysis.profiles
+    profiles = analysis.profiled
+    if profiles is None:
+        raise AnalysisError("the composed collectives need profiles: analyze(..., profile=True)")
     out: list[Emitted] = []
 
-    def emitted(rows: Any) -> None:
-        if len(rows) != 1:
-            raise AnalysisError(f"expected one profile row, found {len(rows)}")
-        for c in json.loads(rows.iloc[0]["collectives"]):
+    def emitted(found: list[Any]) -> None:
+        if len(found) != 1:
+            raise AnalysisError(f"expected one profile, found {len(found)}")
+        for c in json.loads(found[0].collectives):
             out.append((c["kind"], int(c["bytes"]), tuple(c["axes"]), int(c["group"])))
 
-    segments = table[table["kind"] == "segment"]
-    reshards = table[table["kind"] == "reshard"]
+    segments, reshards = profiles.segments, profiles.reshards
     instances = analysis.segments.instances
     for n, instance in enumerate(instances):
         option = model.options[n][selection[n]]
         emitted(
-            segments[
-                (segments["segment"] == instance.unique_id) & (segments["config"] == option.name)
-            ]
+            [p for p in segments if p.segment == instance.unique_id and p.config == option.name]
         )
         if n:
             before = model.options[n - 1][selection[n - 1]]
             pair = (instances[n - 1].unique_id, instance.unique_id)
             ends = (before.last, option.first)
             emitted(
-                reshards[
-                    [
-                        tuple(s) == pair and tuple(c) == ends
-                        for s, c in zip(reshards["segment"], reshards["choices"], strict=True)
-                    ]
-                ]
+                [r for r in reshards if (r.before, r.after) == pair and (r.last, r.first) == ends]
             )
     return tuple(out)

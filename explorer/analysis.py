@@ -27,12 +27,13 @@ from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
     from explorer.platforms import Platform
+    from explorer.profile.profiles import Profiles
 
 # what only a profiled analysis has: asked of a `SegmentedStep`, each is a `NotProfiledError`
 PROFILED_ONLY = frozenset(
     {
         "profiles",
-        "profile_table",
+        "profile_records",
         "cost_model",
         "default_frontier",
         "frontier",
@@ -142,7 +143,7 @@ class Analysis(SegmentedStep):
     """A segmented step with every segment configuration and boundary profiled on the
     platform, the cost model composed from the profiles, and its time/memory frontier."""
 
-    profile_table: pd.DataFrame
+    profile_records: Profiles  # every profiled program, typed: what the cost model read
     cost_model: CostModel
     default_frontier: Frontier
 
@@ -153,7 +154,7 @@ class Analysis(SegmentedStep):
     @property
     def profiles(self) -> pd.DataFrame:
         """Every profiled program, a row each: a view for display."""
-        return self.profile_table
+        return self.profile_records.frame()
 
     @property
     def frontier(self) -> Frontier:
@@ -381,11 +382,11 @@ class Analysis(SegmentedStep):
 
     def _summary_lines(self) -> list[str]:
         lines = SegmentedStep._summary_lines(self)
-        table = self.profile_table
-        ok = int((table["status"] == "ok").sum())
+        records = self.profile_records.entries
+        ok = sum(1 for r in records if r.ok)
         lines.append(
-            f"profiled {len(table)} programs on {getattr(self.platform, 'name', '?')} "
-            f"({self.backend}): {ok} ok, {len(table) - ok} infeasible, "
-            f"{int(table['cached'].sum())} from the cache"
+            f"profiled {len(records)} programs on {getattr(self.platform, 'name', '?')} "
+            f"({self.backend}): {ok} ok, {len(records) - ok} infeasible, "
+            f"{sum(1 for r in records if r.cached)} from the cache"
         )
         return lines

@@ -46,12 +46,10 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
 
 from explorer.errors import AnalysisError
 from explorer.ir import Segmentation, SegmentInstance
+from explorer.profile.profiles import Profiles
 
 # XLA:CPU's all-reduce combiner (cpu_compiler.cc: kCombineBytes = int64 max, kCombineCount =
 # 256): the compiler whose optimised HLO the `compiled` backend reads.
@@ -194,43 +192,40 @@ class CostModel:
 
 def build_cost_model(
     segmentation: Segmentation,
-    profiles: pd.DataFrame,
+    profiles: Profiles,
     dependencies: tuple[tuple[int, ...], ...] = (),
     twins: tuple[int, ...] = (),
 ) -> CostModel:
     """Options per instance from its unique type's profiles; T_R from the boundary profiles.
 
     `dependencies` (per instance, see `layouts.external_blocks`) tells which blocks the
-    profiles' `context` column refers to; `twins` (per block, see `layouts.loop_twins`)
-    which blocks a uniform plan gives one strategy."""
-    ok = profiles[profiles["status"] == "ok"]
+    profiles' `context` refers to; `twins` (per block, see `layouts.loop_twins`) which blocks
+    a uniform plan gives one strategy. A type's options keep the profiles' order."""
     by_type: dict[int, tuple[Option, ...]] = {}
+    feasible = [p for p in profiles.segments if p.ok]
     for unique in segmentation.unique:
-        rows = ok[(ok["kind"] == "segment") & (ok["segment"] == unique.id)]
         by_type[unique.id] = tuple(
             Option(
-                choices=tuple(row["choices"]),
-                name=str(row["config"]),
-                t_comm=float(row["t_comm"]),
-                t_comp=float(row["t_comp"]),
-                persistent=int(row["persistent_memory"]),
-                transient=int(row["transient_memory"]),
-                peak=int(row["memory"]),
-                saved=int(row["saved_memory"]),
-                gradients=int(row["gradient_memory"]),
-                constants=int(row.get("constant_memory", 0) or 0),
-                context=tuple(int(c) for c in row.get("context", ()) or ()),
-                combined=tuple(row.get("combined", ()) or ()),
+                choices=p.choices,
+                name=p.config,
+                t_comm=p.t_comm,
+                t_comp=p.t_comp,
+                persistent=p.persistent_memory,
+                transient=p.transient_memory,
+                peak=p.memory,
+                saved=p.saved_memory,
+                gradients=p.gradient_memory,
+                constants=p.constant_memory,
+                context=p.context,
+                combined=p.combined,
             )
-            for row in _records(rows)
+            for p in feasible
+            if p.segment == unique.id
         )
     pairs: dict[tuple[int, int], dict[tuple[int, int], float]] = {}
-    for row in _records(ok[ok["kind"] == "reshard"]):
-        before, after = row["segment"]
-        last, first = row["choices"]
-        pairs.setdefault((int(before), int(after)), {})[(int(last), int(first))] = float(
-            row["t_total"]
-        )
+    for r in profiles.reshards:
+        if r.ok:
+            pairs.setdefault((r.before, r.after), {})[(r.last, r.first)] = r.t_total
     instances = segmentation.instances
     first_of: dict[int, int] = {}  # per type: its first instance (whose constants count)
     for instance in instances:
@@ -276,7 +271,3 @@ def _check_contexts(
                 f"{profiled.label!r} under {sorted(found)} such block(s): the two are not one "
                 "program type (a segmentation error; please report the model)"
             )
-
-
-def _records(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [{str(k): v for k, v in row.items()} for row in frame.to_dict("records")]

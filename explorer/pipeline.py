@@ -119,7 +119,7 @@ def analyze(
     from explorer.profile.runner import profile_all
 
     with ProfileCache(cache) as store:
-        table = profile_all(
+        profiled = profile_all(
             graph,
             blocks,
             segments,
@@ -136,7 +136,7 @@ def analyze(
     from explorer.layouts import instance_dependencies, loop_twins
 
     dependencies = instance_dependencies(graph, blocks, segments, spec)
-    model = build_cost_model(segments, table, dependencies, loop_twins(graph, blocks.blocks))
+    model = build_cost_model(segments, profiled, dependencies, loop_twins(graph, blocks.blocks))
     return Analysis(
         graph,
         blocks,
@@ -146,7 +146,7 @@ def analyze(
         tuple(args),
         target,
         backend,
-        table,
+        profiled,
         model,
         solve_frontier(model, uniform=bool(graph.loops)),  # see Analysis.plan
     )

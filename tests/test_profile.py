@@ -37,6 +37,7 @@ from explorer.profile.buffers import Schedule
 from explorer.profile.cache import ProfileCache
 from explorer.profile.compile_workers import CompileWorkers
 from explorer.profile.hlo import CollectiveKind, parse_collectives
+from explorer.profile.profiles import Profiles, ReshardProfile, SegmentProfile
 from explorer.profile.runner import COLUMNS, distinct_programs, profile_all
 from explorer.segments import build_segments
 from explorer.space import build_space
@@ -56,8 +57,12 @@ def _tiny_gpt(layers: int = 2) -> tuple[Graph, BlockAnalysis, Segmentation]:
 _STORE = ProfileCache(SHARED_CACHE)  # compiled profiles are platform-free: compile once
 
 
-@cache
 def _profiles(platform: str = "a100-pcie-8", scale: float = 1.0) -> pd.DataFrame:
+    return _typed_profiles(platform, scale).frame()
+
+
+@cache
+def _typed_profiles(platform: str = "a100-pcie-8", scale: float = 1.0) -> Profiles:
     graph, analysis, segmentation = _tiny_gpt()
     target = load_platform(platform)
     if scale != 1.0:
@@ -294,6 +299,26 @@ def test_compiled_profiles_cover_every_layer_configuration_and_boundary() -> Non
     assert (no_move["t_comm"] == 0).all()
 
 
+def test_profiles_are_typed_records_and_their_frame_is_the_table_shown() -> None:
+    """`profile_all` hands on typed profiles; `.frame()` shows one row each, in order, with
+    the columns and dtypes the UI, the benches and these tests read."""
+    profiles = _typed_profiles()
+    table = profiles.frame()
+    assert list(table.columns) == COLUMNS and len(table) == len(profiles.entries)
+    assert len(profiles.segments) + len(profiles.reshards) == len(profiles.entries)
+    for row, profile in zip(table.to_dict("records"), profiles.entries, strict=True):
+        assert row == profile.row()
+        if isinstance(profile, ReshardProfile):
+            assert row["segment"] == (profile.before, profile.after)
+            assert row["choices"] == (profile.last, profile.first)
+        else:
+            assert isinstance(profile, SegmentProfile) and row["kind"] == "segment"
+    kinds = table.dtypes.to_dict()
+    assert kinds["t_comm"] == kinds["t_total"] == kinds["seconds"] == "float64"
+    assert kinds["memory"] == kinds["saved_memory"] == "int64" and kinds["cached"] == "bool"
+    assert profiles.programs == distinct_programs(table)
+
+
 def test_all_batch_layer_communicates_gradients_only() -> None:
     table = _profiles()
     row = table[(table["label"] == "layer") & (table["config"] == "M@x,M@x,M@x,M@x")].iloc[0]
@@ -344,7 +369,7 @@ def _profile_layer_to_head(
         workers=2,
         only=lambda kind, label, config: label == "layer->head" and selected(config),
         on_program=on_program,
-    )
+    ).frame()
 
 
 def test_priced_executables_are_released_and_progress_is_reported(
@@ -421,7 +446,7 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
     spec = mesh_spec((8,))
     analysis = build_space(build_blocks(graph, spec.size), spec)
     chosen = ("M@x,M@x,M@x,M@x", "K@x,K@x,K@x,K@x", "N@x,K@x,N@x,K@x")
-    table = profile_all(
+    profiles = profile_all(
         graph,
         analysis,
         build_segments(graph, analysis),
@@ -435,15 +460,14 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
         ),
         time_limit_factor=1e-9,  # anything after the first is "hopeless"
     )
-    segments = table[table["kind"] == "segment"]
-    assert sorted(segments["config"]) == sorted(chosen)
-    first, *rest = segments.to_dict("records")
-    assert first["status"] == "ok" and first["t_comm"] + first["t_comp"] > 0
-    for row in rest:
-        assert row["status"] == "infeasible" and "dynamic limit" in row["reason"]
-    reshards = table[table["kind"] == "reshard"]
-    assert reshards["program"].replace("", None).nunique() >= 2
-    assert (reshards["status"] == "ok").all(), reshards["reason"].tolist()
+    assert sorted(p.config for p in profiles.segments) == sorted(chosen)
+    first, *rest = profiles.segments
+    assert first.ok and first.t_total > 0
+    for profile in rest:
+        assert profile.status == "infeasible" and "dynamic limit" in profile.reason
+    reshards = profiles.reshards
+    assert len({r.program for r in reshards if r.program}) >= 2
+    assert all(r.ok for r in reshards), [r.reason for r in reshards]
 
 
 # -- cache: a killed run resumes ----------------------------------------------------------------

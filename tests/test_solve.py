@@ -9,7 +9,6 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 from explorer.cost import CostModel, Option, build_cost_model
 from explorer.errors import AnalysisError, NoPlanFitsError
 from explorer.ir import Boundary, Segmentation, SegmentInstance, SegmentType
+from explorer.profile.profiles import Profiles, SegmentProfile
 from explorer.solve import solve_frontier
 
 
@@ -551,15 +551,17 @@ def test_an_instance_depending_on_more_blocks_than_its_profiled_first_instance_i
         segment_of_op=(0, 1, 2),
         method="scopes",
     )
-    row = dict(kind="segment", status="ok", t_comm=1.0, t_comp=1.0, t_total=2.0,
-               persistent_memory=1, transient_memory=1, saved_memory=0, gradient_memory=0,
-               constant_memory=0, memory=2, combined=())  # fmt: skip
-    profiles = pd.DataFrame(
-        [
-            {**row, "segment": 0, "choices": (0,), "config": "a", "context": ()},
+    priced: dict[str, Any] = dict(
+        label="", status="ok", t_comm=1.0, t_comp=1.0, persistent_memory=1, transient_memory=1,
+        saved_memory=0, gradient_memory=0, constant_memory=0, memory=2, combined=(), reason="",
+        collectives="[]", cached=False, seconds=0.0, program="",
+    )  # fmt: skip
+    profiles = Profiles(
+        (
+            SegmentProfile(**priced, segment=0, choices=(0,), config="a", context=()),
             # layer_0, the profiled instance, depends on no outside block
-            {**row, "segment": 1, "choices": (0,), "config": "b", "context": ()},
-        ]
+            SegmentProfile(**priced, segment=1, choices=(0,), config="b", context=()),
+        )
     )
     fine = build_cost_model(segmentation, profiles, ((), (), ()))
     assert fine.labels == ("embed", "layer_0", "layer_1")

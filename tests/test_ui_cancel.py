@@ -42,7 +42,7 @@ def _layers(
         only=lambda kind, label, config: label == "layer" and config.startswith("M@x,M@x,"),
         on_program=tick,
         cancel=cancel,
-    )
+    ).frame()
 
 
 def test_a_cancelled_run_keeps_what_it_finished_and_a_rerun_continues(tmp_path: Path) -> None:

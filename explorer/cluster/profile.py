@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from explorer.cluster.join import Cluster, broadcast, gather_bytes
 from explorer.errors import ClusterError
 from explorer.mesh import MeshSpec, mesh_spec
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
+from explorer.profile.profiles import Profiles
 from explorer.segments import DEFAULT_CONFIG_CAP
 
 BACKEND = "measured"  # the backend whose programs every host runs in step
@@ -48,13 +47,13 @@ class ClusterProfile:
     cluster: Cluster
     mesh: MeshSpec
     backend: str
-    programs: int  # rows of the table (boundaries that move the same tensors share a program)
+    programs: int  # profiles (boundaries that move the same tensors share a program)
     profiled: int  # programs this run measured or compiled
     here: int  # of which this process compiled (compiled: its share; measured: all)
     cached: int  # programs found in the cache
     infeasible: int
     cache: Path | None  # the file process 0 wrote (None elsewhere, or without a cache)
-    table: pd.DataFrame = field(compare=False, repr=False)  # profile_all's rows, a view
+    profiles: Profiles = field(compare=False, repr=False)  # profile_all's (`.frame()` shows)
 
     def summary(self) -> str:
         if self.cache:
@@ -269,7 +268,7 @@ def profile_on_cluster(
     file = ProfileCache(cache) if cluster.leader and cache is not None else None
     in_step = backend == BACKEND
 
-    def run(store: ProfileCache, only: Callable[[str, str, str], bool] | None) -> pd.DataFrame:
+    def run(store: ProfileCache, only: Callable[[str, str, str], bool] | None) -> Profiles:
         return profile_all(
             graph,
             analysis,
@@ -290,7 +289,7 @@ def profile_on_cluster(
         store = _RunCache(cluster, rows, file, on_program, in_step=in_step)
         new: set[ProgramKey] | None = None  # compiled: what the hosts compiled together
         if in_step:
-            table = run(store, keep)
+            profiles = run(store, keep)
         else:
             names: list[tuple[str, str, str]] = []
 
@@ -308,26 +307,26 @@ def profile_on_cluster(
                 ProfileCache.put(store, record)
                 if file is not None:
                     file.put(record)
-            table = run(store, keep)  # every row, from what every host compiled
+            profiles = run(store, keep)  # every row, from what every host compiled
     finally:
         if file is not None:
             file.close()
-    priced = table[table["program"] != ""]
+    priced = [p for p in profiles.entries if p.program]
     if new is None:
-        profiled = here = priced.loc[~priced["cached"], "program"].nunique()
-        cached = priced.loc[priced["cached"], "program"].nunique()
+        profiled = here = len({p.program for p in priced if not p.cached})
+        cached = len({p.program for p in priced if p.cached})
     else:
         profiled, here = len(new), len({r.key for r in store.new})
-        cached = priced["program"].nunique() - profiled
+        cached = profiles.programs - profiled
     return ClusterProfile(
         cluster=cluster,
         mesh=spec,
         backend=backend,
-        programs=len(table),
+        programs=len(profiles),
         profiled=profiled,
         here=here,
         cached=cached,
-        infeasible=int((table["status"] != "ok").sum()),
+        infeasible=sum(not p.ok for p in profiles.entries),
         cache=None if file is None else file.path,
-        table=table,
+        profiles=profiles,
     )

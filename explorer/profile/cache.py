@@ -18,33 +18,44 @@ analysis; each problem is one `CacheWarning`:
   when the process ends;
 - a row that does not read back as a record (edited by hand, or by another tool) is a miss,
   so its program is profiled again.
+
+The store is here; what it keeps per program (`ProgramKey`, `ProfileRecord`) is
+`profile.cache_record`, and its table (schema, migrations, rows read back checked)
+`profile.cache_schema`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import json
-import math
 import os
 import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Self
 
 from explorer.errors import CacheError, CacheWarning
-from explorer.profile.hlo import CollectiveKind
+from explorer.profile.cache_record import ProfileRecord, ProgramKey, Status
+from explorer.profile.cache_schema import (
+    COLUMNS,
+    CREATE_TABLE,
+    INSERT,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SELECT,
+    BadRow,
+    from_row,
+    to_row,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "COLUMNS",
     "SCHEMA_VERSION",
     "CacheError",
     "CacheWarning",
@@ -55,152 +66,9 @@ __all__ = [
     "default_cache_path",
 ]
 
-# Bump when the table changes; add a step to `_MIGRATIONS` when old rows can be carried over.
-SCHEMA_VERSION = 5
 BUSY_TIMEOUT_S = 30.0
 # Stay under SQLite's host-parameter limit (999 in old builds) in `get_many`.
 _CHUNK = 500
-
-Status = Literal["ok", "infeasible"]
-_STATUSES: frozenset[str] = frozenset({"ok", "infeasible"})
-
-
-@dataclass(frozen=True, slots=True)
-class ProgramKey:
-    """Everything that changes a profiled program or its price."""
-
-    segment: str  # segment fingerprint, or "reshard:<fp_before>-><fp_after>"
-    config: str  # e.g. "M@x,N@x,K@x,M@x"
-    mesh: str  # e.g. "2x4(x,y)"
-    platform: str  # platform name plus a content hash of its file
-    backend: str  # "compiled" | "measured"
-    jax_version: str
-    extra: str = ""  # anything else that changes the program, e.g. a model hash
-
-    def digest(self) -> str:
-        """Stable sha256 hex of every field (field names included, so fields cannot alias)."""
-        text = json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class ProfileRecord:
-    """The profiling result of one program."""
-
-    key: ProgramKey
-    status: Status
-    t_comm: float  # seconds
-    t_comp: float  # seconds
-    memory: int  # peak bytes per device
-    persistent_memory: int
-    transient_memory: int
-    collectives: str  # JSON text listing the collectives
-    reason: str  # why infeasible; "" if ok
-    seconds: float  # how long profiling this program took
-    created: float  # unix time
-    # The compiler's cost analysis, kept so a compiled profile can be re-priced on another
-    # platform without compiling again.
-    flops: float = 0.0
-    bytes_accessed: float = 0.0
-    # FLOPs of the dots and convolutions per dtype (JSON object, see profile.compute), so
-    # compute is priced at each dtype's peak; "" in rows from before it was recorded
-    dot_flops: str = "{}"
-    # what the step holds for the program beyond `persistent_memory` (whole step) and
-    # `transient_memory` (while it runs): from its forward part to its backward part, and
-    # gradients from its backward part to another instance's optimizer (accounting.HeldMemory);
-    # -1 in rows from before they were recorded
-    saved_memory: int = dataclasses.field(kw_only=True)
-    gradient_memory: int = dataclasses.field(kw_only=True)
-    # values made from constants alone, held once per segment type (accounting.HeldMemory);
-    # -1 in rows from before it was recorded
-    constant_memory: int = dataclasses.field(kw_only=True)
-
-    def __post_init__(self) -> None:
-        if self.status not in _STATUSES:
-            raise CacheError(
-                f"a profile record's status must be one of {sorted(_STATUSES)}, found "
-                f"{self.status!r} for segment {self.key.segment!r} config {self.key.config!r}"
-            )
-
-
-_KEY_COLUMNS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ProgramKey))
-_VALUE_COLUMNS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(ProfileRecord) if f.name != "key"
-)
-COLUMNS: tuple[str, ...] = ("digest", *_KEY_COLUMNS, *_VALUE_COLUMNS)
-
-_CREATE = """
-CREATE TABLE IF NOT EXISTS profiles (
-    digest TEXT PRIMARY KEY NOT NULL,
-    segment TEXT NOT NULL,
-    config TEXT NOT NULL,
-    mesh TEXT NOT NULL,
-    platform TEXT NOT NULL,
-    backend TEXT NOT NULL,
-    jax_version TEXT NOT NULL,
-    extra TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('ok', 'infeasible')),
-    t_comm REAL NOT NULL,
-    t_comp REAL NOT NULL,
-    memory INTEGER NOT NULL,
-    persistent_memory INTEGER NOT NULL,
-    transient_memory INTEGER NOT NULL,
-    collectives TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    seconds REAL NOT NULL,
-    created REAL NOT NULL,
-    flops REAL NOT NULL DEFAULT 0,
-    bytes_accessed REAL NOT NULL DEFAULT 0,
-    dot_flops TEXT NOT NULL DEFAULT '',
-    saved_memory INTEGER NOT NULL DEFAULT -1,
-    gradient_memory INTEGER NOT NULL DEFAULT -1,
-    constant_memory INTEGER NOT NULL DEFAULT -1
-) WITHOUT ROWID
-"""
-_SELECT = f"SELECT {', '.join(COLUMNS)} FROM profiles"
-_INSERT = (
-    f"INSERT OR REPLACE INTO profiles ({', '.join(COLUMNS)}) "
-    f"VALUES ({', '.join('?' * len(COLUMNS))})"
-)
-
-
-# from_version -> step that upgrades a database in place to from_version + 1. Versions with no
-# path to SCHEMA_VERSION are rebuilt (moved aside) instead.
-def _add_cost_columns(conn: sqlite3.Connection) -> None:
-    conn.execute("ALTER TABLE profiles ADD COLUMN flops REAL NOT NULL DEFAULT 0")
-    conn.execute("ALTER TABLE profiles ADD COLUMN bytes_accessed REAL NOT NULL DEFAULT 0")
-
-
-def _mark_unknown_costs(conn: sqlite3.Connection) -> None:
-    # Rows carried over from schema 1 got 0 FLOPs and 0 bytes: not a measurement. Mark them
-    # unknown (-1) so they are re-profiled instead of being priced as free compute. Rows of
-    # schema 2 have no FLOPs per dtype: "" marks them for profiling again too.
-    conn.execute("ALTER TABLE profiles ADD COLUMN dot_flops TEXT NOT NULL DEFAULT ''")
-    conn.execute(
-        "UPDATE profiles SET flops = -1, bytes_accessed = -1 "
-        "WHERE status = 'ok' AND flops = 0 AND bytes_accessed = 0"
-    )
-
-
-def _add_held_columns(conn: sqlite3.Connection) -> None:
-    # Rows of schema 3 counted saved activations in their persistent memory: -1 marks the
-    # split unknown, so they are profiled again rather than composed the old way.
-    conn.execute("ALTER TABLE profiles ADD COLUMN saved_memory INTEGER NOT NULL DEFAULT -1")
-    conn.execute("ALTER TABLE profiles ADD COLUMN gradient_memory INTEGER NOT NULL DEFAULT -1")
-
-
-def _add_constant_column(conn: sqlite3.Connection) -> None:
-    # Rows of schema 4 counted values made from constants in every instance's saved memory:
-    # -1 marks the split unknown, so they are profiled again.
-    conn.execute("ALTER TABLE profiles ADD COLUMN constant_memory INTEGER NOT NULL DEFAULT -1")
-
-
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
-    1: _add_cost_columns,
-    2: _mark_unknown_costs,
-    3: _add_held_columns,
-    4: _add_constant_column,
-}
 
 
 def default_cache_path() -> Path:
@@ -338,17 +206,17 @@ class ProfileCache:
                 )
             }
             if version == 0 and not tables:
-                conn.execute(_CREATE)
+                conn.execute(CREATE_TABLE)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
                 steps = range(version, SCHEMA_VERSION)
-                if not 0 < version < SCHEMA_VERSION or not all(v in _MIGRATIONS for v in steps):
+                if not 0 < version < SCHEMA_VERSION or not all(v in MIGRATIONS for v in steps):
                     raise _Unusable(
                         f"schema version {version} with tables {sorted(tables)}, which this "
                         f"version of explorer (schema {SCHEMA_VERSION}) cannot migrate"
                     )
                 for v in steps:
-                    _MIGRATIONS[v](conn)
+                    MIGRATIONS[v](conn)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             columns = tuple(str(r[1]) for r in conn.execute("PRAGMA table_info(profiles)"))
             if columns != COLUMNS:
@@ -425,7 +293,7 @@ class ProfileCache:
                 for i in range(0, len(digests), _CHUNK):
                     chunk = digests[i : i + _CHUNK]
                     marks = ", ".join("?" * len(chunk))
-                    rows += db.execute(f"{_SELECT} WHERE digest IN ({marks})", chunk).fetchall()
+                    rows += db.execute(f"{SELECT} WHERE digest IN ({marks})", chunk).fetchall()
             except sqlite3.Error as exc:  # locked past the timeout, or the disk failed
                 warnings.warn(
                     f"profile cache {self._path}: could not be read ({_explain(exc)}); "
@@ -436,8 +304,8 @@ class ProfileCache:
                 return {}
             for row in rows:
                 try:
-                    found = _from_row(row)
-                except _BadRow as bad:
+                    found = from_row(row)
+                except BadRow as bad:
                     unreadable.append(str(bad))
                     continue
                 unknown = (
@@ -478,13 +346,13 @@ class ProfileCache:
             db = self._db()
             try:
                 # Autocommit mode: this one statement is its own committed transaction.
-                db.execute(_INSERT, _to_row(record))
+                db.execute(INSERT, to_row(record))
             except sqlite3.Error as exc:
                 if self._in_memory_since is not None:
                     raise  # memory itself failed: nothing left to fall back on
                 self._conn = self._fall_back(_explain(exc), source=db)
                 db.close()
-                self._conn.execute(_INSERT, _to_row(record))
+                self._conn.execute(INSERT, to_row(record))
 
     @property
     def in_memory_since(self) -> str | None:
@@ -508,11 +376,11 @@ class ProfileCache:
     def records(self) -> list[ProfileRecord]:
         """Every record that reads back, oldest first (see `get_many` for the others)."""
         with self._lock:
-            rows = self._db().execute(f"{_SELECT} ORDER BY created, digest").fetchall()
+            rows = self._db().execute(f"{SELECT} ORDER BY created, digest").fetchall()
         out = []
         for row in rows:
-            with contextlib.suppress(_BadRow):
-                out.append(_from_row(row))
+            with contextlib.suppress(BadRow):
+                out.append(from_row(row))
         return out
 
     def to_frame(self) -> pd.DataFrame:
@@ -520,7 +388,7 @@ class ProfileCache:
         import pandas as pd
 
         with self._lock:
-            rows = self._db().execute(f"{_SELECT} ORDER BY created, digest").fetchall()
+            rows = self._db().execute(f"{SELECT} ORDER BY created, digest").fetchall()
         return pd.DataFrame.from_records(rows, columns=list(COLUMNS))
 
     def close(self) -> None:
@@ -553,131 +421,9 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-def _to_row(record: ProfileRecord) -> tuple[Any, ...]:
-    key = record.key
-    return (
-        key.digest(),
-        *(getattr(key, c) for c in _KEY_COLUMNS),
-        *(getattr(record, c) for c in _VALUE_COLUMNS),
-    )
-
-
-class _BadRow(ValueError):
-    """Internal: a row that does not read back as a record; says which column and why."""
-
-
 def _explain(exc: BaseException) -> str:
     """What went wrong with the file, in a user's words (SQLite's own message kept)."""
     text = str(exc) or type(exc).__name__
     if isinstance(exc, OSError) and exc.strerror:
         text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     return f"{type(exc).__name__}: {text}"
-
-
-def _number(row: Mapping[str, Any], column: str, *, low: float, finite: bool = True) -> float:
-    value = row[column]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _BadRow(f"column {column!r} holds {type(value).__name__} {value!r}, not a number")
-    if (finite and not math.isfinite(value)) or math.isnan(value) or value < low:
-        raise _BadRow(f"column {column!r} holds {value!r}, expected a number >= {low}")
-    return float(value)
-
-
-def _whole(row: Mapping[str, Any], column: str, *, low: int) -> int:
-    value = row[column]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise _BadRow(f"column {column!r} holds {value!r}, expected an integer >= {low}")
-    return value
-
-
-def _text(row: Mapping[str, Any], column: str) -> str:
-    value = row[column]
-    if not isinstance(value, str):
-        raise _BadRow(f"column {column!r} holds {type(value).__name__} {value!r}, not text")
-    return value
-
-
-_KINDS = frozenset(k.value for k in CollectiveKind)
-
-
-def _check_collectives(text: str, mesh: str) -> None:
-    """The collectives JSON as the runner prices it: kinds, sizes and axes of the key's mesh."""
-    names = set(mesh.partition("(")[2].rstrip(")").split(","))
-    try:
-        entries = json.loads(text)
-    except ValueError:
-        raise _BadRow(f"column 'collectives' is not JSON: {text[:60]!r}") from None
-    if not isinstance(entries, list):
-        raise _BadRow(f"column 'collectives' holds {type(entries).__name__}, expected a list")
-    for entry in entries:
-        ok = (
-            isinstance(entry, dict)
-            and entry.get("kind") in _KINDS
-            and all(
-                isinstance(entry.get(f), int) and not isinstance(entry.get(f), bool)
-                for f in ("bytes", "group")
-            )
-            and entry["bytes"] >= 0
-            and isinstance(entry.get("axes"), list)
-            and all(isinstance(a, str) and a in names for a in entry["axes"])
-            and isinstance(entry.get("elements", 1), int)
-        )
-        if not ok:
-            raise _BadRow(
-                f"column 'collectives' holds {str(entry)[:80]}, expected a collective with "
-                f"kind in {sorted(_KINDS)}, int bytes >= 0 and group, axes among {sorted(names)}"
-            )
-
-
-def _check_dot_flops(text: str) -> None:
-    if not text:
-        return  # rows from before it was recorded: stale, a miss (see get_many)
-    try:
-        flops = json.loads(text)
-    except ValueError:
-        raise _BadRow(f"column 'dot_flops' is not JSON: {text[:60]!r}") from None
-    if not isinstance(flops, dict) or not all(
-        isinstance(k, str)
-        and isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-        and v >= 0
-        for k, v in flops.items()
-    ):
-        raise _BadRow(f"column 'dot_flops' holds {text[:60]!r}, expected dtype -> FLOPs >= 0")
-
-
-def _from_row(row: Sequence[Any]) -> ProfileRecord:
-    """The record of a row, every column checked as the runner will use it (a `_BadRow`
-    otherwise): a row edited by hand must be a miss, never a crash later in pricing."""
-    named = dict(zip(COLUMNS, row, strict=True))
-    key = ProgramKey(*(_text(named, c) for c in _KEY_COLUMNS))
-    status = named["status"]
-    if status not in _STATUSES:
-        raise _BadRow(f"column 'status' holds {status!r}, expected one of {sorted(_STATUSES)}")
-    ok = status == "ok"
-    collectives = _text(named, "collectives")
-    dot_flops = _text(named, "dot_flops")
-    if ok:
-        _check_collectives(collectives, key.mesh)
-        _check_dot_flops(dot_flops)
-    return ProfileRecord(
-        key=key,
-        status="ok" if ok else "infeasible",
-        # an infeasible program's times are infinite by construction
-        t_comm=_number(named, "t_comm", low=0, finite=ok),
-        t_comp=_number(named, "t_comp", low=0, finite=ok),
-        memory=_whole(named, "memory", low=0),
-        persistent_memory=_whole(named, "persistent_memory", low=0),
-        transient_memory=_whole(named, "transient_memory", low=0),
-        collectives=collectives,
-        reason=_text(named, "reason"),
-        seconds=_number(named, "seconds", low=0),
-        created=_number(named, "created", low=0),
-        flops=_number(named, "flops", low=-1),
-        bytes_accessed=_number(named, "bytes_accessed", low=-1),
-        dot_flops=dot_flops,
-        saved_memory=_whole(named, "saved_memory", low=-1),
-        gradient_memory=_whole(named, "gradient_memory", low=-1),
-        constant_memory=_whole(named, "constant_memory", low=-1),
-    )

@@ -1,5 +1,6 @@
 """Profiled programs as cache records (priced, infeasible, or where nothing moves) and as
-rows of the profile table, compiled profiles repriced for the platform they are read for."""
+typed profiles (`profile.profiles`), compiled profiles repriced for the platform they are read
+for."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Any
 
 from explorer.mesh import MeshSpec
 from explorer.profile.backends import Backend, ProgramProfile, compute_time
-from explorer.profile.cache import ProfileRecord, Status
+from explorer.profile.cache_record import ProfileRecord, Status
 from explorer.profile.hlo import Collective, CollectiveKind
 from explorer.profile.jobs import _Context, _Job
+from explorer.profile.profiles import Profile, ReshardProfile, SegmentProfile
 
 
 def _record(job: _Job, profile: ProgramProfile, seconds: float) -> ProfileRecord:
@@ -67,7 +69,8 @@ def _without_program(
     )
 
 
-def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) -> dict[str, Any]:
+def _profile(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) -> Profile:
+    """The typed profile of `job` from its cache record, priced for the run's platform."""
     t_comm, t_comp = record.t_comm, record.t_comp
     combined: tuple[tuple[str, int, float], ...] = ()
     if record.status == "ok":
@@ -77,32 +80,33 @@ def _row(job: _Job, record: ProfileRecord, context: _Context, was_cached: bool) 
         # combinable all-reduces pay their latency once per combined bucket of the whole
         # step (cost.CostModel), not once per segment
         t_comm = max(t_comm - saved, 0.0)
-    return {
-        "kind": job.kind,
-        "segment": job.segment,
-        "label": job.label,
-        "config": job.config,
-        "choices": job.choices,
-        "t_comm": t_comm,
-        "t_comp": t_comp,
-        "t_total": t_comm + t_comp,
-        "memory": record.memory,
-        "persistent_memory": record.persistent_memory,
-        "transient_memory": record.transient_memory,
-        "saved_memory": record.saved_memory,
-        "gradient_memory": record.gradient_memory,
-        "constant_memory": record.constant_memory,
-        "status": record.status,
-        "reason": record.reason,
-        "collectives": record.collectives,
-        "cached": was_cached,
-        "seconds": record.seconds,
-        "context": job.context,
-        "combined": combined,
-        # the compiled program's cache key: boundaries that move the same tensors share one;
-        # "" where nothing moves (no program)
-        "program": "" if job.free else job.key.digest()[:16],
-    }
+    priced: dict[str, Any] = dict(
+        label=job.label,
+        config=job.config,
+        t_comm=t_comm,
+        t_comp=t_comp,
+        memory=record.memory,
+        persistent_memory=record.persistent_memory,
+        transient_memory=record.transient_memory,
+        saved_memory=record.saved_memory,
+        gradient_memory=record.gradient_memory,
+        constant_memory=record.constant_memory,
+        status=record.status,
+        reason=record.reason,
+        collectives=record.collectives,
+        cached=was_cached,
+        seconds=record.seconds,
+        combined=combined,
+        # boundaries that move the same tensors share one program; none where nothing moves
+        program="" if job.free else job.key.digest()[:16],
+    )
+    if isinstance(job.segment, int):  # a segment type's configuration
+        return SegmentProfile(
+            segment=job.segment, choices=job.choices, context=job.context, **priced
+        )
+    before, after = job.segment
+    last, first = job.choices
+    return ReshardProfile(before=before, after=after, last=last, first=first, **priced)
 
 
 def _collective(entry: dict[str, Any], nbytes: int | None = None) -> Collective:

@@ -9,8 +9,8 @@ measurement with the compilation of the next programs. Each result is committed 
 before the next, so a killed run loses nothing already profiled. A program that fails to
 build, compile or run is recorded as infeasible with its reason and never stops the run.
 
-The jobs are planned in `profile.jobs`; what they make becomes cache records and table rows
-in `profile.records`.
+The jobs are planned in `profile.jobs`; what they make becomes cache records and typed
+profiles (`profile.profiles`) in `profile.records`.
 """
 
 from __future__ import annotations
@@ -47,11 +47,12 @@ from explorer.profile.backends import (
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
 from explorer.profile.compile_workers import CompileFailed, CompileWorkers
 from explorer.profile.jobs import PROGRAM_VERSION, _Built, _Context, _Job
+from explorer.profile.profiles import COLUMNS, Profile, Profiles
 from explorer.profile.records import (
     _infeasible,
     _nothing_moves,
+    _profile,
     _record,
-    _row,
     combinable_latency,
     reprice,
 )
@@ -59,13 +60,6 @@ from explorer.segments import DEFAULT_CONFIG_CAP, check_config_cap
 
 # A measured program slower than this multiple of the best configuration so far is abandoned.
 DYNAMIC_LIMIT_FACTOR = 4.0
-
-COLUMNS = [
-    "kind", "segment", "label", "config", "choices", "t_comm", "t_comp", "t_total", "memory",
-    "persistent_memory", "transient_memory", "saved_memory", "gradient_memory",
-    "constant_memory", "status",
-    "reason", "collectives", "cached", "seconds", "context", "combined", "program",
-]  # fmt: skip
 
 # Every this many programs priced, the run gives back the memory they left (`_release_memory`).
 RELEASE_EVERY = 100
@@ -75,6 +69,7 @@ __all__ = [
     "DYNAMIC_LIMIT_FACTOR",
     "PROGRAM_VERSION",
     "RELEASE_EVERY",
+    "Profiles",
     "combinable_latency",
     "distinct_programs",
     "own_config",
@@ -99,8 +94,11 @@ def profile_all(
     time_limit_factor: float = DYNAMIC_LIMIT_FACTOR,
     on_program: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
-) -> pd.DataFrame:
-    """Profile every unique segment configuration and boundary; one row per program.
+) -> Profiles:
+    """Profile every unique segment configuration and boundary; one profile per program.
+
+    `config_cap` is the most configurations one unique segment may have (a count, not
+    bytes: `segments.check_config_cap`).
 
     `only(kind, label, config)` restricts the run to the programs it accepts (a quick look at
     one segment, or a test); by default everything is profiled. `on_program(n)` is called
@@ -125,7 +123,6 @@ def profile_all(
     context = _Context(
         graph, analysis, segmentation, mesh, jax_mesh, platform, backend, time_limit_factor
     )
-    rows: list[dict[str, Any]] = []
     priced = itertools.count(1)
     tick = None if on_program is None else (lambda: on_program(next(priced)))
     # A selection bounds the work by itself: it picks from the full space, no cap applies.
@@ -134,13 +131,15 @@ def profile_all(
     first_round = list(context.segment_jobs()) + list(context.reshard_jobs())
     if only is not None:  # a configuration with a context is selected by its own part
         first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]
-    rows += _run(first_round, context, cache, workers, progress, tick=tick, cancel=cancel)
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return Profiles(
+        tuple(_run(first_round, context, cache, workers, progress, tick=tick, cancel=cancel))
+    )
 
 
 def distinct_programs(table: pd.DataFrame) -> int:
     """How many programs a profile table's rows were priced from: boundaries that move the
-    same tensors share one, and a boundary where nothing moves has none."""
+    same tensors share one, and a boundary where nothing moves has none (`Profiles.programs`
+    for the typed profiles; this counts a view, e.g. a filtered `Analysis.profiles`)."""
     return int(table.loc[table["program"] != "", "program"].nunique())
 
 
@@ -159,19 +158,21 @@ def _run(
     *,
     tick: Callable[[], None] | None = None,
     cancel: threading.Event | None = None,
-) -> list[dict[str, Any]]:
-    rows = [_row(job, _nothing_moves(job), context, was_cached=False) for job in jobs if job.free]
+) -> list[Profile]:
+    profiles = [
+        _profile(job, _nothing_moves(job), context, was_cached=False) for job in jobs if job.free
+    ]
     jobs = [job for job in jobs if not job.free]
     cached = cache.get_many([job.key for job in jobs])
     sharing: dict[ProgramKey, list[_Job]] = collections.defaultdict(list)  # one compile each
     for job in jobs:
         if job.key in cached:
-            rows.append(_row(job, cached[job.key], context, was_cached=True))
+            profiles.append(_profile(job, cached[job.key], context, was_cached=True))
         else:
             sharing[job.key].append(job)
     todo = [same[0] for same in sharing.values()]
     if not todo:
-        return rows
+        return profiles
     bar = _progress(len(todo), progress)
     best: dict[Any, float] = {}
     threads = workers or os.cpu_count() or 1
@@ -204,7 +205,9 @@ def _run(
             if following is not None:
                 window.append((following, submit(following)))
             cache.put(record)
-            rows.extend(_row(same, record, context, was_cached=False) for same in sharing[job.key])
+            profiles.extend(
+                _profile(same, record, context, was_cached=False) for same in sharing[job.key]
+            )
             if bar is not None:
                 bar.update(1)
             if tick is not None:
@@ -216,7 +219,7 @@ def _run(
         bar.close()
     if cancelled() and done < len(todo):
         raise ProfilingCancelled(done, len(todo))
-    return rows
+    return profiles
 
 
 def _release_memory() -> None:

@@ -35,7 +35,7 @@ graph = ex.trace(step, *args)
 spec = mesh_spec((4,))
 analysis = build_space(build_blocks(graph, spec.size), spec)
 segmentation = build_segments(graph, analysis)
-table = profile_all(
+profiles = profile_all(
     graph,
     analysis,
     segmentation,
@@ -49,7 +49,11 @@ table = profile_all(
     ),
 )
 if process == 0:
-    rows = table[["config", "t_comm", "t_comp", "status", "reason"]].to_dict("records")
+    rows = [
+        {"config": p.config, "t_comm": p.t_comm, "t_comp": p.t_comp, "status": p.status,
+         "reason": p.reason}
+        for p in profiles.segments
+    ]  # fmt: skip
     with open(out, "w") as handle:
         json.dump(
             {"devices": jax.device_count(), "processes": jax.process_count(), "rows": rows}, handle
