@@ -10,6 +10,7 @@ before plans were typed: a file written by an older explorer reads and writes ba
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -60,7 +61,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     document |= {
         "backend": plan.backend,
         "model_fingerprint": plan.model_fingerprint,
-        "segments": [_segment_json(s) for s in plan.segments],
+        "segments": [_fields_set(s) for s in plan.segments],
         "blocks": [
             {
                 "index": b.index,
@@ -85,28 +86,14 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
     if plan.operands is not None:
         document["operands"] = {f"{o}:{p}": spec_to_json(d) for (o, p), d in plan.operands}
     if plan.ilp is not None:
-        document["ilp"] = _optional_fields(
-            plan.ilp,
-            ("objective", "units", "status", "solve_seconds", "variables"),
-            ("integer_variables",),
-            ("constraints",),
-            ("memory",),
-        )
+        document["ilp"] = _fields_set(plan.ilp)
     return document
 
 
-def _segment_json(segment: InstanceChoice) -> dict[str, Any]:
-    return _optional_fields(
-        segment,
-        ("label", "type", "configuration", "time", "persistent_memory", "transient_memory"),
-        ("saved_memory", "gradient_memory"),
-    )
-
-
-def _optional_fields(record: Any, *groups: tuple[str, ...]) -> dict[str, Any]:
-    """`record`'s fields by name, in the order given, those that are None left out."""
-    fields = [name for group in groups for name in group]
-    return {name: getattr(record, name) for name in fields if getattr(record, name) is not None}
+def _fields_set(record: IlpReport | InstanceChoice) -> dict[str, Any]:
+    """`record`'s fields by name, those that are None (optional, not recorded) left out."""
+    values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def plan_json_text(plan: Plan, where: str = "<plan to export>") -> str:

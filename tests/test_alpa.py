@@ -199,8 +199,8 @@ def test_alpa_plans_apply_and_match_the_unsharded_step(
     assert loaded == plan
     assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*args), RTOL, ATOL)
     print(
-        f"\n{name} {mesh}: {ilp['variables']} variables, {ilp['constraints']} constraints, "
-        f"solved in {ilp['solve_seconds']:.2f} s; ILP {1e3 * ilp['objective']:.4f} ms comm, "
+        f"\n{name} {mesh}: {ilp.variables} variables, {ilp.constraints} constraints, "
+        f"solved in {ilp.solve_seconds:.2f} s; ILP {1e3 * ilp.objective:.4f} ms comm, "
         f"evaluated {1e3 * plan.time:.4f} ms; block heads {plan.strategies}"
     )
 
