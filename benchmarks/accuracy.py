@@ -109,12 +109,10 @@ def accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int)
                 "evaluated_s": truth.time,
                 "time_error": relative_error(plan.time, truth.time),
                 "predicted_memory": plan.memory,
-                "predicted_memory_eq9": plan.document["predicted"]["memory_eq9"],
+                "predicted_memory_eq9": plan.predicted.memory_eq9,
                 "evaluated_memory": truth.memory,
                 "memory_error": relative_error(plan.memory, truth.memory),
-                "memory_error_eq9": relative_error(
-                    plan.document["predicted"]["memory_eq9"], truth.memory
-                ),
+                "memory_error_eq9": relative_error(plan.predicted.memory_eq9, truth.memory),
             }
         )
     run.log(

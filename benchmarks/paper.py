@@ -118,8 +118,7 @@ def _baseline(analysis: Any, name: str, capacity: int) -> tuple[Any, str]:
         except AlpaBudgetError:
             plan = analysis.baseline(name, time_limit=ALPA_TIME_LIMIT)
             note = "no ILP solution within the device memory: solved without the budget"
-    ilp = plan.document.get("ilp", {})
-    status = str(ilp.get("status", ""))
+    status = plan.ilp.status if plan.ilp is not None else ""
     if any(issubclass(w.category, AlpaTimeLimitWarning) for w in caught):
         status += f" (hit the {ALPA_TIME_LIMIT:.0f} s limit: best feasible plan)"
     return plan, "; ".join(part for part in (f"ILP {status}", note) if part)
@@ -174,10 +173,10 @@ def _row(
     if name == "cfp":
         row.update(cost)
     if name == "alpa" and plan is not None:
-        ilp = plan.document.get("ilp", {})
+        ilp = plan.ilp
         row.update(
-            alpa_solve_s=ilp.get("solve_seconds", math.nan),
-            alpa_variables=ilp.get("variables", math.nan),
+            alpa_solve_s=ilp.solve_seconds if ilp is not None else math.nan,
+            alpa_variables=ilp.variables if ilp is not None else math.nan,
             alpa_total_s=cost.get("alpa_total_s", math.nan),
         )
     return row
@@ -214,17 +213,15 @@ def _explain_losses(
 
 
 def _block_difference(cfp: Any, other: Any) -> str:
-    if "values" in other.document:
+    if other.per_op:
         return "the baseline is a per-op plan (no block strategies): every layout may differ"
     pairs = Counter(
-        (block["scope"], mine, theirs)
-        for block, mine, theirs in zip(
-            cfp.document["blocks"], cfp.strategies, other.strategies, strict=True
-        )
+        (block.scope, mine, theirs)
+        for block, mine, theirs in zip(cfp.blocks, cfp.strategies, other.strategies, strict=True)
         if mine != theirs
     )
     if not pairs:
-        if cfp.document.get("parameters") != other.document.get("parameters"):
+        if cfp.parameters != other.parameters:
             return "same block strategies; the parameter layouts differ (sharded parameters)"
         return "same block strategies"
     listed = ", ".join(

@@ -72,7 +72,7 @@ def quality(run: Run) -> None:
                         "device_memory": capacity,
                         "fits": truth.memory <= capacity,
                         "strategies": strategy_mix(plan),
-                        "note": plan.document.get("ilp", {}).get("status", ""),
+                        "note": plan.ilp.status if plan.ilp is not None else "",
                     }
                 )
         run.log(f"   {case.label}: {time.perf_counter() - start:.0f} s")
@@ -84,8 +84,9 @@ def layout_key(plan: Any) -> str:
     import json
 
     from explorer.evaluation_store import PRICING_FIELDS
+    from explorer.plan_document import plan_to_json
 
-    kept = {k: v for k, v in plan.document.items() if k not in PRICING_FIELDS}
+    kept = {k: v for k, v in plan_to_json(plan).items() if k not in PRICING_FIELDS}
     return json.dumps(kept, sort_keys=True)
 
 

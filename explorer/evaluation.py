@@ -17,7 +17,8 @@ from explorer import _jax_compat as jc
 from explorer.evaluation_store import active_store, layout_digest, platform_key
 from explorer.ir import Graph, ShardingAssignment
 from explorer.mesh import make_mesh
-from explorer.plan_document import Plan, _check_plan_and_step
+from explorer.plan_document import _check_plan_and_step, plan_to_json
+from explorer.plan_types import Plan
 from explorer.realize import realize
 
 if TYPE_CHECKING:
@@ -144,7 +145,7 @@ def _program_digest(plan: Plan) -> str:
     """What decides the compiled step: the plan's layouts, how programs are built, JAX."""
     from explorer.profile.runner import PROGRAM_VERSION
 
-    return f"{layout_digest(plan.document)}:{PROGRAM_VERSION}:jax-{jax.__version__}"
+    return f"{layout_digest(plan_to_json(plan))}:{PROGRAM_VERSION}:jax-{jax.__version__}"
 
 
 def _kept_evaluations(

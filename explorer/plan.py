@@ -10,8 +10,9 @@ by value id) and for what each contraction reads (`operands`, by "op:position");
 returns a jitted sharded step with the same signature. `evaluate` compiles the whole step under
 the plan and prices it on the plan's platform: the ground truth predictions are judged on.
 
-This module applies plans; the document (building, saving, loading, checking) lives in
-`explorer.plan_document` and evaluation in `explorer.evaluation`, both re-exported here.
+This module applies plans; the `Plan` type lives in `explorer.plan_types`, building plans in
+`explorer.plan_build`, their JSON form (saving, loading, checking) in `explorer.plan_document`
+and evaluation in `explorer.evaluation`, all re-exported here.
 """
 
 from __future__ import annotations
@@ -40,20 +41,18 @@ from explorer.ir import (
 )
 from explorer.layouts import place
 from explorer.mesh import MeshSpec, make_mesh
+from explorer.plan_build import make_layout_plan, make_plan, model_fingerprint
 from explorer.plan_document import (
     MAX_PLAN_BYTES,
     MAX_PLAN_DEPTH,
     SCHEMA_PATH,
     SCHEMA_VERSION,
-    Plan,
     PlanError,
     _check_plan_and_step,
     load_plan,
-    make_layout_plan,
-    make_plan,
-    model_fingerprint,
     writable_path,
 )
+from explorer.plan_types import Plan
 from explorer.realize import realize
 from explorer.segments import build_segments
 from explorer.space import build_space
@@ -98,13 +97,13 @@ def _configure(
         )
     graph = trace(step, *args)
     found = model_fingerprint(graph)
-    if found != plan.document["model_fingerprint"]:
+    if found != plan.model_fingerprint:
         raise PlanError(
             f"field 'model_fingerprint': the plan was made for model "
-            f"{plan.document['model_fingerprint']}, this step traces to {found} (another "
+            f"{plan.model_fingerprint}, this step traces to {found} (another "
             "architecture, size or batch). Plan this step again."
         )
-    if "values" in plan.document:  # a per-op plan: its layouts stand as they are
+    if plan.per_op:  # a per-op plan: its layouts stand as they are
         return graph, _layout_assignment(plan, graph)
     analysis = build_space(build_blocks(graph, mesh.size), mesh)
     wanted = plan.strategies
@@ -125,10 +124,7 @@ def _configure(
     if keep_loops:
         _check_loops_uniform(graph, analysis.blocks, wanted)
     # the plan's parameter layouts stand (they differ from the blocks' for FSDP)
-    parameters = {
-        path: tuple(tuple(axes) if axes else () for axes in spec)
-        for path, spec in plan.document["parameters"].items()
-    }
+    parameters = plan.parameter_layouts
     segmentation = build_segments(graph, analysis)
     config = Config(tuple(choices))
     placement = place(
@@ -168,14 +164,14 @@ def _layout_assignment(plan: Plan, graph: Graph) -> ShardingAssignment:
 
     mesh = plan.mesh
     values: dict[int, DimAxes] = {}
-    for key, spec in plan.document["values"].items():
+    for key, spec in plan.values or ():
         where = f"values.{key}"
-        if not key.isdigit() or int(key) >= len(graph.values):
+        if key >= len(graph.values):
             raise PlanError(
                 f"field '{where}': expected the id of a value of this step (0 to "
-                f"{len(graph.values) - 1}), found {key!r}"
+                f"{len(graph.values) - 1}), found {key}"
             )
-        value = graph.values[int(key)]
+        value = graph.values[key]
         if value.kind is ValueKind.CONSTANT:
             raise PlanError(
                 f"field '{where}': value {key} is a constant of the step; only step inputs and "
@@ -183,16 +179,14 @@ def _layout_assignment(plan: Plan, graph: Graph) -> ShardingAssignment:
             )
         values[value.id] = _checked_spec(spec, value.type, mesh, where, f"value {key}")
     operands: dict[tuple[int, int], DimAxes] = {}
-    for key, spec in plan.document.get("operands", {}).items():
-        where = f"operands.{key}"
-        op_text, _, position_text = key.partition(":")
-        if not (op_text.isdigit() and position_text.isdigit()) or int(op_text) >= len(graph.ops):
+    for (op_id, position), spec in plan.operands or ():
+        where = f"operands.{op_id}:{position}"
+        if op_id >= len(graph.ops):
             raise PlanError(
                 f"field '{where}': expected 'op:position' naming an op of this step (op 0 to "
-                f"{len(graph.ops) - 1}), found {key!r}"
+                f"{len(graph.ops) - 1}), found '{op_id}:{position}'"
             )
-        op = graph.ops[int(op_text)]
-        position = int(position_text)
+        op = graph.ops[op_id]
         if position >= len(op.inputs):
             raise PlanError(
                 f"field '{where}': op {op.id} ({op.primitive}) has {len(op.inputs)} operands, "
@@ -204,9 +198,7 @@ def _layout_assignment(plan: Plan, graph: Graph) -> ShardingAssignment:
     return layout_assignment(graph, mesh, values, operands)
 
 
-def _checked_spec(
-    spec: list[list[str] | None], tt: TensorType, mesh: MeshSpec, where: str, what: str
-) -> DimAxes:
+def _checked_spec(spec: DimAxes, tt: TensorType, mesh: MeshSpec, where: str, what: str) -> DimAxes:
     if len(spec) != tt.rank:
         raise PlanError(
             f"field '{where}': expected {tt.rank} entries, one per dim of {what} {tt}, found "
@@ -215,7 +207,7 @@ def _checked_spec(
     seen: set[str] = set()
     dims = []
     for dim, axes in enumerate(spec):
-        names = tuple(axes or ())
+        names = tuple(axes)
         for name in names:
             if name not in mesh.names:
                 raise PlanError(

@@ -1,42 +1,37 @@
-"""The plan document: what the solver chose, as versioned JSON (assets/plan.schema.json).
+"""The plan as versioned JSON (assets/plan.schema.json): the one place a `Plan` becomes a
+JSON document and back, is written, read and checked.
 
-A plan carries the mesh, the platform it was priced on (its name, and in full as
-`platform_spec`) and the backend, the model's fingerprint, one configuration per segment
-instance, one strategy per block with the `PartitionSpec` of every value the block owns, a
-`PartitionSpec` per parameter, and the predicted time and memory. A per-op plan (the
-Alpa-style ILP) also carries a `PartitionSpec` for every value (`values`, by value id) and for
-what each contraction reads (`operands`, by "op:position"); when `values` is present it, not
-the block strategies, is what applies. Here plans are built, written, read and checked.
+The document has the fields of `Plan` (explorer.plan_types) under the names of the schema:
+the platform is `platform` (its name) and `platform_spec` (in full), the prediction
+`predicted`, layouts `PartitionSpec`s as JSON lists (per dim null or the mesh axes splitting
+it) keyed by value id, parameter path or "op:position". The file format is what it was
+before plans were typed: a file written by an older explorer reads and writes back the same.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import hashlib
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jax
-
 from explorer.errors import MeshError, PlanError
-from explorer.ir import (
-    BlockAnalysis,
-    Config,
-    DimAxes,
-    Graph,
-    Segmentation,
-    ValueKind,
-)
+from explorer.ir import DimAxes
 from explorer.jsonfile import read_json_file
 from explorer.mesh import MeshSpec, spec_to_json
-from explorer.space import shardings
+from explorer.plan_types import (
+    BlockChoice,
+    IlpReport,
+    InstanceChoice,
+    Plan,
+    Prediction,
+    Versions,
+)
 
 if TYPE_CHECKING:
-    from explorer.platforms import Platform, PlatformLike
-
+    from explorer.platforms import Platform
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "assets" / "plan.schema.json"
@@ -44,86 +39,79 @@ SCHEMA_PATH = Path(__file__).resolve().parents[1] / "assets" / "plan.schema.json
 # model is a few MiB, nested 6 levels): a file past them is not a plan.
 MAX_PLAN_BYTES = 64 * 2**20
 MAX_PLAN_DEPTH = 16
+# a value id or an operand key as the explorer writes them (no sign, no leading zero)
+_ID = re.compile(r"0|[1-9][0-9]*")
+_OPERAND = re.compile(r"(0|[1-9][0-9]*):(0|[1-9][0-9]*)")
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """A validated plan document (see assets/plan.schema.json)."""
+# -- Plan -> JSON --------------------------------------------------------------------------------
 
-    document: dict[str, Any]
 
-    @property
-    def time(self) -> float:
-        """Predicted seconds per training step."""
-        return float(self.document["predicted"]["time"])
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """The plan as its JSON document (not validated: `save_plan` and `plan_json_text` are)."""
+    document: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "source": plan.source,
+        "mesh": {"axes": list(plan.mesh.names), "shape": list(plan.mesh.shape)},
+        "device_count": plan.mesh.size,
+        "platform": plan.platform_name,
+    }
+    if plan.priced_on is not None:
+        document["platform_spec"] = plan.priced_on.to_json()
+    document |= {
+        "backend": plan.backend,
+        "model_fingerprint": plan.model_fingerprint,
+        "segments": [_fields_set(s) for s in plan.segments],
+        "blocks": [
+            {
+                "index": b.index,
+                "scope": b.scope,
+                "head": b.head,
+                "strategy": b.strategy,
+                "values": {str(v): spec_to_json(d) for v, d in b.values},
+            }
+            for b in plan.blocks
+        ],
+        "parameters": {path: spec_to_json(d) for path, d in plan.parameters},
+        "predicted": {
+            "time": plan.predicted.time,
+            "memory": plan.predicted.memory,
+            "memory_eq9": plan.predicted.memory_eq9,
+            "budget": plan.predicted.budget,
+        },
+        "versions": {"explorer": plan.versions.explorer, "jax": plan.versions.jax},
+    }
+    if plan.values is not None:
+        document["values"] = {str(v): spec_to_json(d) for v, d in plan.values}
+    if plan.operands is not None:
+        document["operands"] = {f"{o}:{p}": spec_to_json(d) for (o, p), d in plan.operands}
+    if plan.ilp is not None:
+        document["ilp"] = _fields_set(plan.ilp)
+    return document
 
-    @property
-    def memory(self) -> int:
-        """Predicted peak bytes per device."""
-        return int(self.document["predicted"]["memory"])
 
-    @property
-    def source(self) -> str:
-        return str(self.document["source"])
+def _fields_set(record: IlpReport | InstanceChoice) -> dict[str, Any]:
+    """`record`'s fields by name, those that are None (optional, not recorded) left out."""
+    values = {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+    return {name: value for name, value in values.items() if value is not None}
 
-    @property
-    def mesh(self) -> MeshSpec:
-        mesh = self.document["mesh"]
-        return MeshSpec(tuple(zip(mesh["axes"], mesh["shape"], strict=True)))
 
-    @property
-    def platform(self) -> Platform:
-        """The platform the plan was priced on, as the plan records it (`platform_spec`): a
-        scaled or calibrated platform too. A plan written before platforms were recorded in
-        full names a preset only; a name that is no preset is an error, never a file read."""
-        from explorer.platforms import (
-            PlatformError,
-            list_platforms,
-            load_platform,
-            platform_from_json,
-        )
+def plan_json_text(plan: Plan, where: str = "<plan to export>") -> str:
+    """The plan as validated JSON text, as plan files hold it (without the final newline)."""
+    document = plan_to_json(plan)
+    _validate(document, where)
+    return json.dumps(document, indent=1, sort_keys=True)
 
-        spec = self.document.get("platform_spec")
-        if spec is not None:
-            try:
-                return platform_from_json(spec)
-            except PlatformError as err:
-                raise PlanError(f"field 'platform_spec': {err}") from None
-        name = self.document["platform"]
-        if name not in list_platforms():
-            raise PlanError(
-                f"field 'platform_spec': expected the platform the plan was priced on, found "
-                f"it missing and 'platform' {name!r}, which is no preset "
-                f"({list_platforms()}); re-export the plan with this explorer"
-            )
-        return load_platform(name)
 
-    @property
-    def strategies(self) -> tuple[str, ...]:
-        return tuple(b["strategy"] for b in self.document["blocks"])
-
-    def save(self, path: str | Path) -> Path:
-        target = writable_path(path)
-        _validate(self.document, "<plan to save>")
-        text = json.dumps(self.document, indent=1, sort_keys=True) + "\n"
-        try:
-            target.write_text(text)
-        except OSError as err:  # the disk filled, or the file was locked since the check
-            raise PlanError(
-                f"plan file {target}: cannot be written ({err.strerror or err})"
-            ) from None
-        return target
-
-    def to_json(self) -> str:
-        _validate(self.document, "<plan to export>")
-        return json.dumps(self.document, indent=1, sort_keys=True)
-
-    def summary(self) -> str:
-        return (
-            f"{self.source} plan on mesh {self.mesh} ({self.document['platform']}, "
-            f"{self.document['backend']}): {1e3 * self.time:.3f} ms/step, "
-            f"{self.memory / 2**30:.3f} GiB/device"
-        )
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    """Write `plan` to `path` as a validated plan file; returns the path written."""
+    target = writable_path(path)
+    text = plan_json_text(plan, "<plan to save>") + "\n"
+    try:
+        target.write_text(text)
+    except OSError as err:  # the disk filled, or the file was locked since the check
+        raise PlanError(f"plan file {target}: cannot be written ({err.strerror or err})") from None
+    return target
 
 
 def writable_path(path: str | Path, field: str = "path") -> Path:
@@ -154,204 +142,6 @@ def writable_path(path: str | Path, field: str = "path") -> Path:
     return target
 
 
-def model_fingerprint(graph: Graph) -> str:
-    """Identity of a traced step: every op, its params and its shapes, in order."""
-    hasher = hashlib.sha256()
-    for op in graph.ops:
-        hasher.update(repr((op.primitive, op.params, [str(t) for t in op.input_types])).encode())
-    return hasher.hexdigest()[:16]
-
-
-def make_plan(
-    *,
-    source: str,
-    graph: Graph,
-    blocks: BlockAnalysis,
-    segments: Sequence[dict[str, Any]],
-    config: Config,
-    mesh: MeshSpec,
-    platform: PlatformLike,
-    backend: str,
-    time: float,
-    memory: int,
-    memory_eq9: int,
-    budget: float | None,
-    parameter_layouts: dict[str, DimAxes] | None = None,
-) -> Plan:
-    assignment = shardings(graph, blocks.blocks, config, mesh, parameter_layouts)
-    values = dict(assignment.values)
-    inputs = dict(zip(graph.inputs, assignment.inputs, strict=True))
-    block_docs = []
-    for block, choice in zip(blocks.blocks, config.choices, strict=True):
-        head = graph.ops[block.head]
-        owned = {
-            # membership, not truth: a rank-0 value's layout is `()`, falsy but present
-            str(layout.value): spec_to_json(
-                values[layout.value] if layout.value in values else inputs[layout.value]
-            )
-            for layout in block.layouts
-            if layout.value in values or layout.value in inputs
-        }
-        block_docs.append(
-            {
-                "index": block.index,
-                "scope": block.scope,
-                "head": f"{head.input_types[0]} x {head.input_types[1]}",
-                "strategy": block.strategies[choice].name,
-                "values": owned,
-            }
-        )
-    parameters = {
-        graph.values[vid].path: spec_to_json(dims)
-        for vid, dims in inputs.items()
-        if graph.values[vid].kind is ValueKind.PARAMETER
-    }
-    return _finish(
-        source=source,
-        graph=graph,
-        mesh=mesh,
-        platform=platform,
-        backend=backend,
-        segments=segments,
-        block_docs=block_docs,
-        parameters=parameters,
-        time=time,
-        memory=memory,
-        memory_eq9=memory_eq9,
-        budget=budget,
-    )
-
-
-def make_layout_plan(
-    *,
-    source: str,
-    graph: Graph,
-    blocks: BlockAnalysis,
-    segmentation: Segmentation,
-    mesh: MeshSpec,
-    platform: PlatformLike,
-    backend: str,
-    time: float,
-    memory: int,
-    budget: float | None,
-    values: Mapping[int, DimAxes],
-    operands: Mapping[tuple[int, int], DimAxes],
-    op_strategies: Mapping[int, str],
-    ilp: dict[str, Any] | None = None,
-) -> Plan:
-    """A per-op plan: a layout for every value (step inputs included) and for what each
-    contraction reads. Blocks and segments are reported for display only: each block under
-    the strategy its head contraction took (prefixed with `source`)."""
-    replicated = ((),)
-
-    def layout(vid: int) -> DimAxes:
-        return values.get(vid, replicated * graph.values[vid].type.rank)
-
-    block_docs = []
-    names = []
-    for block in blocks.blocks:
-        head = graph.ops[block.head]
-        name = f"{source}:{op_strategies.get(block.head, 'R')}"
-        names.append(name)
-        block_docs.append(
-            {
-                "index": block.index,
-                "scope": block.scope,
-                "head": f"{head.input_types[0]} x {head.input_types[1]}",
-                "strategy": name,
-                "values": {str(v.value): spec_to_json(layout(v.value)) for v in block.layouts},
-            }
-        )
-    segments = [
-        {
-            "label": instance.label,
-            "type": instance.unique_id,
-            "configuration": ",".join(names[b] for b in instance.blocks) or "none",
-            "time": 0.0,
-            "persistent_memory": 0,
-            "transient_memory": 0,
-            "saved_memory": 0,
-            "gradient_memory": 0,
-        }
-        for instance in segmentation.instances
-    ]
-    parameters = {
-        value.path: spec_to_json(layout(value.id))
-        for value in graph.inputs_of_kind(ValueKind.PARAMETER)
-    }
-    extra: dict[str, Any] = {
-        "values": {str(v): spec_to_json(d) for v, d in sorted(values.items())},
-        "operands": {f"{o}:{p}": spec_to_json(d) for (o, p), d in sorted(operands.items())},
-    }
-    if ilp is not None:
-        extra["ilp"] = ilp
-    return _finish(
-        source=source,
-        graph=graph,
-        mesh=mesh,
-        platform=platform,
-        backend=backend,
-        segments=segments,
-        block_docs=block_docs,
-        parameters=parameters,
-        time=time,
-        memory=memory,
-        memory_eq9=memory,
-        budget=budget,
-        extra=extra,
-    )
-
-
-def _finish(
-    *,
-    source: str,
-    graph: Graph,
-    mesh: MeshSpec,
-    platform: PlatformLike,
-    backend: str,
-    segments: Sequence[dict[str, Any]],
-    block_docs: list[dict[str, Any]],
-    parameters: dict[str, Any],
-    time: float,
-    memory: int,
-    memory_eq9: int,
-    budget: float | None,
-    extra: dict[str, Any] | None = None,
-) -> Plan:
-    from explorer import __version__
-    from explorer.platforms import resolve_platform
-
-    priced_on = resolve_platform(platform)
-    document = {
-        "schema_version": SCHEMA_VERSION,
-        "source": source,
-        "mesh": {"axes": list(mesh.names), "shape": list(mesh.shape)},
-        "device_count": mesh.size,
-        "platform": priced_on.name,
-        # in full: a scaled or calibrated platform has no file a name could be resolved to
-        "platform_spec": priced_on.to_json(),
-        "backend": backend,
-        "model_fingerprint": model_fingerprint(graph),
-        "segments": list(segments),
-        "blocks": block_docs,
-        "parameters": parameters,
-        "predicted": {
-            "time": time,
-            "memory": int(memory),
-            "memory_eq9": int(memory_eq9),
-            "budget": budget,
-        },
-        "versions": {"explorer": __version__, "jax": jax.__version__},
-        **(extra or {}),
-    }
-    # Not validated here: the solver builds one per slider step, and validating a plan of a
-    # 48-layer model takes a second. What leaves the process (save, to_json) and what comes
-    # in (load_plan) is validated.
-    if budget is not None and memory > budget:
-        raise PlanError(f"plan memory {memory} exceeds its budget {budget}")
-    return Plan(document)
-
-
 def load_plan(path: str | Path) -> Plan:
     """Read and validate a plan file. Loading parses JSON only: it never executes code."""
     if not isinstance(path, (str, Path)):
@@ -360,6 +150,12 @@ def load_plan(path: str | Path) -> Plan:
     document = read_json_file(
         path, what="plan file", error=PlanError, max_bytes=MAX_PLAN_BYTES, max_depth=MAX_PLAN_DEPTH
     )
+    return plan_from_json(document, where)
+
+
+def plan_from_json(document: Any, where: str = "<plan document>") -> Plan:
+    """The plan a JSON document describes, validated against the schema and checked for what
+    the schema cannot say; a `PlanError` naming `where` and the field otherwise."""
     if not isinstance(document, dict):
         raise PlanError(f"{where}: expected a JSON object, found {type(document).__name__}")
     version = document.get("schema_version")
@@ -370,13 +166,78 @@ def load_plan(path: str | Path) -> Plan:
             "plan with this version."
         )
     _validate(document, where)
-    _check_consistent(document, where)
-    return Plan(document)
+    mesh, priced_on = _check_consistent(document, where)
+    predicted = document["predicted"]
+    versions = document["versions"]
+    ilp = document.get("ilp")
+    return Plan(
+        source=document["source"],
+        mesh=mesh,
+        platform_name=document["platform"],
+        priced_on=priced_on,
+        backend=document["backend"],
+        model_fingerprint=document["model_fingerprint"],
+        segments=tuple(InstanceChoice(**s) for s in document["segments"]),
+        blocks=tuple(
+            BlockChoice(
+                index=b["index"],
+                scope=b["scope"],
+                head=b["head"],
+                strategy=b["strategy"],
+                values=_by_id(b["values"], f"{where}: field 'blocks.{n}.values"),
+            )
+            for n, b in enumerate(document["blocks"])
+        ),
+        parameters=tuple(sorted((k, _dims(v)) for k, v in document["parameters"].items())),
+        predicted=Prediction(
+            predicted["time"], predicted["memory"], predicted["memory_eq9"], predicted["budget"]
+        ),
+        versions=Versions(explorer=versions["explorer"], jax=versions["jax"]),
+        values=_by_id(document["values"], f"{where}: field 'values")
+        if "values" in document
+        else None,
+        operands=_by_operand(document["operands"], f"{where}: field 'operands")
+        if "operands" in document
+        else None,
+        ilp=None if ilp is None else IlpReport(**ilp),
+    )
 
 
-def _check_consistent(document: dict[str, Any], where: str) -> None:
+def _dims(spec: list[list[str] | None]) -> DimAxes:
+    return tuple(tuple(axes) if axes else () for axes in spec)
+
+
+def _by_id(specs: dict[str, Any], field: str) -> tuple[tuple[int, DimAxes], ...]:
+    """Layouts keyed by value id, `field` naming where (without its closing quote)."""
+    for key in specs:
+        if not _ID.fullmatch(key):
+            raise PlanError(
+                f"{field}.{key}': expected the id of a value (a non-negative integer), "
+                f"found {key!r}"
+            )
+    return tuple(sorted((int(k), _dims(v)) for k, v in specs.items()))
+
+
+def _by_operand(specs: dict[str, Any], field: str) -> tuple[tuple[tuple[int, int], DimAxes], ...]:
+    """Layouts keyed by "op:position", `field` naming where (without its closing quote)."""
+    pairs = []
+    for key, spec in specs.items():
+        match = _OPERAND.fullmatch(key)
+        if match is None:
+            raise PlanError(
+                f"{field}.{key}': expected 'op:position' naming an op and one of its "
+                f"operands by number, found {key!r}"
+            )
+        pairs.append(((int(match[1]), int(match[2])), _dims(spec)))
+    return tuple(sorted(pairs))
+
+
+def _check_consistent(document: dict[str, Any], where: str) -> tuple[MeshSpec, Platform | None]:
     """What the schema cannot say: the mesh is one (as many names as sizes, ASCII identifier
-    names), `device_count` is its size, and every layout names only its axes."""
+    names), `device_count` is its size, `platform_spec` is a platform named `platform`, and
+    every layout names only its axes. Returns the mesh and the platform recorded in full."""
+    from explorer.platforms import PlatformError, platform_from_json
+
     mesh = document["mesh"]
     axes, shape = mesh["axes"], mesh["shape"]
     if len(axes) != len(shape):
@@ -394,11 +255,12 @@ def _check_consistent(document: dict[str, Any], where: str) -> None:
             f"found {document['device_count']}; the file was edited or damaged, re-export "
             "the plan"
         )
+    recorded = None
     if "platform_spec" in document:
         try:
-            recorded = Plan(document).platform
-        except PlanError as err:  # named the field; the file is named here
-            raise PlanError(f"{where}: {err}") from None
+            recorded = platform_from_json(document["platform_spec"])
+        except PlatformError as err:
+            raise PlanError(f"{where}: field 'platform_spec': {err}") from None
         if recorded.name != document["platform"]:
             raise PlanError(
                 f"{where}: field 'platform': expected {recorded.name!r}, the name of the "
@@ -417,6 +279,7 @@ def _check_consistent(document: dict[str, Any], where: str) -> None:
                         f"{where}: field '{field}': expected axes of the plan's mesh {spec} "
                         f"({list(spec.names)}), found mesh axis {name!r}"
                     )
+    return spec, recorded
 
 
 @functools.cache

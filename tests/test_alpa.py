@@ -31,6 +31,7 @@ from explorer.ir import TensorType
 from explorer.layouts import layout_assignment
 from explorer.mesh import make_mesh, mesh_spec
 from explorer.plan import PlanError
+from explorer.plan_document import plan_to_json
 from explorer.platforms import load_platform
 from explorer.realize import realize
 
@@ -190,16 +191,16 @@ def test_alpa_plans_apply_and_match_the_unsharded_step(
     step, args, expected = _warm(name)
     analysis = ex.analyze(step, *args, mesh=mesh, platform=PLATFORM, profile=False)
     plan = analysis.baseline("alpa")
-    ilp = plan.document["ilp"]
-    assert ilp["status"] == "optimal" and ilp["solve_seconds"] < 60
+    ilp = plan.ilp
+    assert ilp is not None and ilp.status == "optimal" and ilp.solve_seconds < 60
     assert plan.source == "alpa" and plan.time > 0 and plan.memory > 0
-    assert len(plan.document["values"]) > len(analysis.graph.inputs)
+    assert plan.values is not None and len(plan.values) > len(analysis.graph.inputs)
     loaded = ex.load_plan(plan.save(tmp_path / "alpa.json"))
-    assert loaded.document == plan.document
+    assert loaded == plan
     assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*args), RTOL, ATOL)
     print(
-        f"\n{name} {mesh}: {ilp['variables']} variables, {ilp['constraints']} constraints, "
-        f"solved in {ilp['solve_seconds']:.2f} s; ILP {1e3 * ilp['objective']:.4f} ms comm, "
+        f"\n{name} {mesh}: {ilp.variables} variables, {ilp.constraints} constraints, "
+        f"solved in {ilp.solve_seconds:.2f} s; ILP {1e3 * ilp.objective:.4f} ms comm, "
         f"evaluated {1e3 * plan.time:.4f} ms; block heads {plan.strategies}"
     )
 
@@ -270,7 +271,7 @@ def test_symbolic_costs_of_every_configuration_join_the_profiles() -> None:
 def _mlp_plan_document() -> tuple[Any, Any, Any, dict[str, Any]]:
     step, args, graph = _mlp_graph(6, 64, 64)  # a batch of 6 does not split 4 ways
     plan = ex.analyze(step, *args, mesh=(4,), platform=PLATFORM, profile=False).baseline("alpa")
-    return step, args, graph, plan.document
+    return step, args, graph, plan_to_json(plan)
 
 
 def test_bad_per_value_layouts_are_refused_naming_the_field(tmp_path: Path) -> None:

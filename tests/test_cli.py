@@ -107,7 +107,7 @@ def test_plan_with_a_budget_in_units_writes_a_plan_within_it(tmp_path: Path) -> 
     argv = [*ZOO, "--cache", str(SHARED_CACHE), "--budget", "1.5GiB", "--out", str(out)]
     assert main(argv) == 0
     plan = load_plan(out)
-    assert plan.document["predicted"]["budget"] == 3 * 2**29 and plan.memory <= 3 * 2**29
+    assert plan.predicted.budget == 3 * 2**29 and plan.memory <= 3 * 2**29
 
 
 def _rows(cache: Path) -> int:

@@ -36,7 +36,8 @@ from explorer.errors import (
     PlatformError,
 )
 from explorer.ir import Config
-from explorer.plan import Plan, make_plan
+from explorer.plan import make_plan
+from explorer.plan_document import plan_from_json, plan_to_json
 from explorer.platforms import load_platform
 from explorer.profile.cache import ProfileCache
 from explorer.units import parse_bytes
@@ -123,7 +124,7 @@ def base() -> tuple[Any, ...]:
         memory_eq9=2**20,
         budget=None,
     )
-    return step, args, profiled, plan.document, load_platform("a100-pcie-4").to_json()
+    return step, args, profiled, plan_to_json(plan), load_platform("a100-pcie-4").to_json()
 
 
 @pytest.fixture
@@ -373,13 +374,13 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "evaluate without a step",
-        lambda w: ex.evaluate(Plan(w.plan_document), None, *w.args),  # type: ignore[arg-type]
+        lambda w: ex.evaluate(plan_from_json(w.plan_document), None, *w.args),  # type: ignore[arg-type]
         PlanError,
         "step",
     ),
     Row(
         "plan saved onto a folder",
-        lambda w: Plan(w.plan_document).save(w.tmp),
+        lambda w: plan_from_json(w.plan_document).save(w.tmp),
         PlanError,
         "directory",
     ),

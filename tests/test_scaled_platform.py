@@ -19,6 +19,7 @@ from explorer.baselines import baseline_choices
 from explorer.evaluation_store import evaluations_kept_in
 from explorer.ir import Config
 from explorer.plan import Plan, PlanError, evaluate_on, make_plan
+from explorer.plan_document import plan_to_json
 from explorer.platforms import load_platform
 
 BASE = "a100-pcie-8"
@@ -72,7 +73,7 @@ def test_the_plan_and_every_baseline_of_a_scaled_platform_evaluate_on_it(
     plans = {"cfp": analysis.plan(), **{name: analysis.baseline(name) for name in BASELINES}}
     with evaluations_kept_in(tmp_path / "evaluations.sqlite") as store:
         for name, plan in plans.items():
-            assert plan.document["platform"] == scaled.name, name
+            assert plan.platform_name == scaled.name, name
             assert plan.platform == scaled, name
             both = evaluate_on(plan, [scaled, BASE], step, *args)
             on_scaled, on_base = both[scaled], both[BASE]
@@ -93,10 +94,10 @@ def test_the_plan_and_every_baseline_of_a_scaled_platform_evaluate_on_it(
 
 def test_a_plan_evaluates_and_saves_with_its_scaled_platform(tmp_path: Path) -> None:
     step, args, plan, scaled = _dp_plan()
-    assert plan.document["platform"] == scaled.name
+    assert plan.platform_name == scaled.name
     assert plan.platform == scaled
     loaded = ex.load_plan(plan.save(tmp_path / "plan.json"))
-    assert loaded.document == plan.document
+    assert loaded == plan
     assert loaded.platform == scaled
     with evaluations_kept_in(tmp_path / "evaluations.sqlite") as store:
         on_both = evaluate_on(loaded, [scaled, BASE], step, *args)
@@ -124,7 +125,7 @@ def test_the_store_keys_on_the_platform_content_not_its_name(tmp_path: Path) -> 
 
 def test_recorded_platforms_are_checked_and_old_plans_name_a_preset(tmp_path: Path) -> None:
     _, _, plan, scaled = _dp_plan()
-    document = plan.document
+    document = plan_to_json(plan)
     path = tmp_path / "plan.json"
     spoiled = json.loads(json.dumps(document))
     spoiled["platform_spec"]["intra"]["per_kind"]["all-reduce"]["bandwidth_Bps"] = -1

@@ -5,6 +5,7 @@ keeps the loop (a `while` in the compiled program) and computes what the unshard
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -266,9 +267,9 @@ def test_a_profiled_plan_keeps_the_scan_computes_the_step_and_predicts_it() -> N
 def test_a_plan_giving_two_iterations_different_strategies_is_refused() -> None:
     user, warm, _ = _warm("mlp")
     plan = _baseline_plan("dp", user, warm)
-    blocks = list(plan.document["blocks"])
-    blocks[2] = {**blocks[2], "strategy": "N@x"}  # the second layer's first block
-    mixed = type(plan)({**plan.document, "blocks": blocks})
+    blocks = list(plan.blocks)
+    blocks[2] = replace(blocks[2], strategy="N@x")  # the second layer's first block
+    mixed = replace(plan, blocks=tuple(blocks))
     with pytest.raises(PlanError, match=r"iteration 1 of the scan at .*scan_models"):
         ex.apply_plan(mixed, user.step, donate=False)(*warm)
 

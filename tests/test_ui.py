@@ -128,7 +128,7 @@ def test_the_budget_slider_re_solves_and_updates_every_view(app: Explorer) -> No
     assert app.bars.data.chosen != chosen
     assert app.frontier.figure.data[1].x == (expected.memory / 2**20,)
     assert app.frontier.figure.layout.shapes[0].x0 == pytest.approx(points[0].memory / 2**20)
-    assert app.plan is not None and app.plan.document == expected.document
+    assert app.plan is not None and app.plan == expected
 
     assert app.session.budget == points[0].memory
     app.set_budget(points[0].memory - 1)  # below every plan (from code: no slider step is)
@@ -187,9 +187,8 @@ def test_a_click_expands_a_segment_to_its_ops(app: Explorer) -> None:
     # the hover gives each op its strategy and the PartitionSpec the plan gives its result
     head = analysis.blocks[instance.blocks[0]].head
     hover = next(h for t in traces for h in t.hovertext if h.startswith(f"<b>#{head} "))
-    spec = plan.document["blocks"][instance.blocks[0]]["values"][
-        str(analysis.graph.ops[head].outputs[0])
-    ]
+    spec = plan.blocks[instance.blocks[0]].layout_of(analysis.graph.ops[head].outputs[0])
+    assert spec is not None
     assert f"strategy {plan.strategies[instance.blocks[0]]}" in hover
     assert "PartitionSpec: P(" in hover and ("'x'" in hover) == any(spec)
     # forward/backward filter
@@ -207,10 +206,10 @@ def test_export_writes_the_plan_and_offers_a_download(app: Explorer, tmp_path: P
     assert app.message == ""
     assert target.is_file()
     plan = ex.load_plan(target)
-    assert app.plan is not None and plan.document == app.plan.document
+    assert app.plan is not None and plan == app.plan
     link = re.search(r"href='data:application/json;base64,([^']+)'", app.download_w.value)
     assert link is not None
-    assert json.loads(base64.b64decode(link.group(1))) == plan.document
+    assert json.loads(base64.b64decode(link.group(1))) == json.loads(plan.to_json())
 
 
 def test_a_callback_error_is_shown_not_lost(app: Explorer, tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def test_a_budget_set_from_code_is_kept_exactly_and_exported(app: Explorer, tmp_
     exported = ex.load_plan(written)
     assert exported.strategies == app.choice.strategies
     assert math.isclose(exported.time, app.choice.time, rel_tol=1e-12)
-    assert exported.document["predicted"]["budget"] == budget
+    assert exported.predicted.budget == budget
 
 
 def test_an_export_error_is_cleared_by_a_successful_export(app: Explorer, tmp_path: Path) -> None:

@@ -87,14 +87,11 @@ def _compile_step(plan: Plan, analysis: Analysis) -> tuple[Graph, Any, Any]:
 
 def _placement(analysis: Analysis, plan: Plan) -> Placement | None:
     """The block plan's placement (which blocks decided each value); None for a per-op plan."""
-    if "values" in plan.document:
+    if plan.per_op:
         return None
     names = [[s.name for s in b.strategies] for b in analysis.blocks]
     choices = tuple(n.index(s) for n, s in zip(names, plan.strategies, strict=True))
-    parameters = {
-        path: tuple(tuple(axes) if axes else () for axes in spec)
-        for path, spec in plan.document["parameters"].items()
-    }
+    parameters = plan.parameter_layouts
     return place(
         analysis.graph,
         analysis.blocks,

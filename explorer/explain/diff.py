@@ -99,32 +99,33 @@ class PlanDiff:
 
 def plan_diff(before: Plan, after: Plan) -> PlanDiff:
     """The choices `after` makes differently from `before`, and the predicted deltas."""
-    a, b = before.document, after.document
     for field in ("model_fingerprint", "mesh"):
-        if a[field] != b[field]:
+        x, y = getattr(before, field), getattr(after, field)
+        if x != y:
             raise AnalysisError(
-                f"plan_diff: the plans differ in field {field!r} ({a[field]!r} and "
-                f"{b[field]!r}): only plans of one step on one mesh can be compared"
+                f"plan_diff: the plans differ in field {field!r} ({x!r} and {y!r}): only "
+                "plans of one step on one mesh can be compared"
             )
-    if len(a["blocks"]) != len(b["blocks"]) or len(a["segments"]) != len(b["segments"]):
+    if len(before.blocks) != len(after.blocks) or len(before.segments) != len(after.segments):
         raise AnalysisError(
-            f"plan_diff: the plans have {len(a['blocks'])} and {len(b['blocks'])} blocks, "
-            f"{len(a['segments'])} and {len(b['segments'])} segment instances"
+            f"plan_diff: the plans have {len(before.blocks)} and {len(after.blocks)} blocks, "
+            f"{len(before.segments)} and {len(after.segments)} segment instances"
         )
     blocks = tuple(
-        BlockChange(x["index"], x["scope"], x["strategy"], y["strategy"])
-        for x, y in zip(a["blocks"], b["blocks"], strict=True)
-        if x["strategy"] != y["strategy"]
+        BlockChange(x.index, x.scope, x.strategy, y.strategy)
+        for x, y in zip(before.blocks, after.blocks, strict=True)
+        if x.strategy != y.strategy
     )
+    a, b = before.parameter_layouts, after.parameter_layouts
     parameters = tuple(
-        ParameterChange(path, _axes(a["parameters"].get(path)), _axes(b["parameters"].get(path)))
-        for path in sorted(set(a["parameters"]) | set(b["parameters"]))
-        if a["parameters"].get(path) != b["parameters"].get(path)
+        ParameterChange(path, a.get(path, ()), b.get(path, ()))
+        for path in sorted(set(a) | set(b))
+        if a.get(path) != b.get(path)
     )
     segments = tuple(
-        SegmentChange(n, x["label"], x["configuration"], y["configuration"])
-        for n, (x, y) in enumerate(zip(a["segments"], b["segments"], strict=True))
-        if x["configuration"] != y["configuration"]
+        SegmentChange(n, x.label, x.configuration, y.configuration)
+        for n, (x, y) in enumerate(zip(before.segments, after.segments, strict=True))
+        if x.configuration != y.configuration
     )
     return PlanDiff(
         before=before.source,
@@ -135,10 +136,6 @@ def plan_diff(before: Plan, after: Plan) -> PlanDiff:
         time_delta=after.time - before.time,
         memory_delta=after.memory - before.memory,
     )
-
-
-def _axes(spec: list[list[str] | None] | None) -> tuple[tuple[str, ...], ...]:
-    return tuple(tuple(axes or ()) for axes in spec or ())
 
 
 def _spec(axes: tuple[tuple[str, ...], ...]) -> str:

@@ -114,13 +114,13 @@ def op_styles(
     pins: Mapping[int, str] | None = None,
     palette: Mapping[str, str] | None = None,
 ) -> NodeStyle:
-    """`plan` (the document of `choice`) gives the PartitionSpecs; without it, strategies only."""
+    """`plan` (the full plan of `choice`) gives the PartitionSpecs; without it, strategies only."""
     graph = analysis.graph
     owner = analysis.block_analysis.block_of_op
     palette = strategy_palette(analysis) if palette is None else palette
     pins = pins or {}
-    documents = plan.document["blocks"] if plan is not None else None
-    parameters = plan.document["parameters"] if plan is not None else {}
+    block_layouts = [dict(b.values) for b in plan.blocks] if plan is not None else None
+    parameters = plan.parameter_layouts if plan is not None else {}
     outline, symbol, text, hover = [], [], [], []
     for op_id in layout.ops:
         op = graph.ops[op_id]
@@ -148,13 +148,9 @@ def op_styles(
             lines.append(
                 f"block {block}: strategy {strategy}" + (f" ({PIN})" if block in pins else "")
             )
-            if documents is not None:
-                values = documents[block]["values"]
-                specs = [
-                    style.partition_spec_text(values[str(v)])
-                    for v in op.outputs
-                    if str(v) in values
-                ]
+            if block_layouts is not None:
+                values = block_layouts[block]
+                specs = [style.partition_spec_text(values[v]) for v in op.outputs if v in values]
                 lines.append(
                     "PartitionSpec: "
                     + (", ".join(specs) if specs else "not constrained: propagated from the block")

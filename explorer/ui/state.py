@@ -39,12 +39,12 @@ class Settings:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The plan the solver picked, in the terms the views need, without its JSON document.
+    """The plan the solver picked, in the terms the views need, without its layouts.
 
     A budget move is a frontier lookup; turning its selection into this takes microseconds,
-    while building the full `Plan` document (every value's PartitionSpec, schema-validated)
-    takes most of a second on a 48-layer model. So views draw from a `Choice`, and the `Plan`
-    is built when something needs it (export, op-level PartitionSpecs, the baseline table).
+    while building the full `Plan` (every value's PartitionSpec) takes most of a second on a
+    48-layer model. So views draw from a `Choice`, and the `Plan` is built when something
+    needs it (export, op-level PartitionSpecs, the baseline table).
     """
 
     time: float  # predicted seconds per step
@@ -78,7 +78,7 @@ class Session:
     pins: dict[int, str] = field(default_factory=dict)  # block index -> strategy name
     uniform: bool = False
     choice: Choice | None = None
-    plan: Plan | None = None  # the document of `choice`, once something asked for it
+    plan: Plan | None = None  # the full plan of `choice`, once something asked for it
     # (analysis, pins, uniform, frontier): the frontier solved for those pins and that mode
     pinned: tuple[Any, tuple[tuple[int, str], ...], bool, Any] | None = None
     selected: int = 0  # segment instance shown in the bars (and expanded at op level)

@@ -1,0 +1,215 @@
+"""Building plans: the solver's choice (or a per-op baseline's layouts) as a `Plan`."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from explorer.errors import PlanError
+from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, Segmentation, ValueKind
+from explorer.mesh import MeshSpec
+from explorer.plan_types import (
+    BlockChoice,
+    IlpReport,
+    InstanceChoice,
+    Plan,
+    Prediction,
+    Versions,
+)
+from explorer.space import shardings
+
+if TYPE_CHECKING:
+    from explorer.platforms import PlatformLike
+
+
+def model_fingerprint(graph: Graph) -> str:
+    """Identity of a traced step: every op, its params and its shapes, in order."""
+    hasher = hashlib.sha256()
+    for op in graph.ops:
+        hasher.update(repr((op.primitive, op.params, [str(t) for t in op.input_types])).encode())
+    return hasher.hexdigest()[:16]
+
+
+def instance_choice(segment: Mapping[str, Any]) -> InstanceChoice:
+    """One segment instance's entry as the pipeline reports it (the plan file's fields)."""
+    return InstanceChoice(
+        label=segment["label"],
+        type=segment["type"],
+        configuration=segment["configuration"],
+        time=segment["time"],
+        persistent_memory=segment["persistent_memory"],
+        transient_memory=segment["transient_memory"],
+        saved_memory=segment.get("saved_memory"),
+        gradient_memory=segment.get("gradient_memory"),
+    )
+
+
+def make_plan(
+    *,
+    source: str,
+    graph: Graph,
+    blocks: BlockAnalysis,
+    segments: Sequence[dict[str, Any]],
+    config: Config,
+    mesh: MeshSpec,
+    platform: PlatformLike,
+    backend: str,
+    time: float,
+    memory: int,
+    memory_eq9: int,
+    budget: float | None,
+    parameter_layouts: dict[str, DimAxes] | None = None,
+) -> Plan:
+    assignment = shardings(graph, blocks.blocks, config, mesh, parameter_layouts)
+    values = dict(assignment.values)
+    inputs = dict(zip(graph.inputs, assignment.inputs, strict=True))
+    choices = []
+    for block, choice in zip(blocks.blocks, config.choices, strict=True):
+        head = graph.ops[block.head]
+        owned = sorted(
+            # membership, not truth: a rank-0 value's layout is `()`, falsy but present
+            (layout.value, values[layout.value] if layout.value in values else inputs[layout.value])
+            for layout in block.layouts
+            if layout.value in values or layout.value in inputs
+        )
+        choices.append(
+            BlockChoice(
+                index=block.index,
+                scope=block.scope,
+                head=f"{head.input_types[0]} x {head.input_types[1]}",
+                strategy=block.strategies[choice].name,
+                values=tuple(dict(owned).items()),
+            )
+        )
+    parameters = {
+        graph.values[vid].path: dims
+        for vid, dims in inputs.items()
+        if graph.values[vid].kind is ValueKind.PARAMETER
+    }
+    return _finish(
+        source=source,
+        graph=graph,
+        mesh=mesh,
+        platform=platform,
+        backend=backend,
+        segments=tuple(instance_choice(s) for s in segments),
+        blocks=tuple(choices),
+        parameters=parameters,
+        predicted=Prediction(time, int(memory), int(memory_eq9), budget),
+    )
+
+
+def make_layout_plan(
+    *,
+    source: str,
+    graph: Graph,
+    blocks: BlockAnalysis,
+    segmentation: Segmentation,
+    mesh: MeshSpec,
+    platform: PlatformLike,
+    backend: str,
+    time: float,
+    memory: int,
+    budget: float | None,
+    values: Mapping[int, DimAxes],
+    operands: Mapping[tuple[int, int], DimAxes],
+    op_strategies: Mapping[int, str],
+    ilp: dict[str, Any] | None = None,
+) -> Plan:
+    """A per-op plan: a layout for every value (step inputs included) and for what each
+    contraction reads. Blocks and segments are reported for display only: each block under
+    the strategy its head contraction took (prefixed with `source`)."""
+    replicated = ((),)
+
+    def layout(vid: int) -> DimAxes:
+        return values.get(vid, replicated * graph.values[vid].type.rank)
+
+    choices = []
+    for block in blocks.blocks:
+        head = graph.ops[block.head]
+        owned = sorted({v.value: layout(v.value) for v in block.layouts}.items())
+        choices.append(
+            BlockChoice(
+                index=block.index,
+                scope=block.scope,
+                head=f"{head.input_types[0]} x {head.input_types[1]}",
+                strategy=f"{source}:{op_strategies.get(block.head, 'R')}",
+                values=tuple(owned),
+            )
+        )
+    segments = tuple(
+        InstanceChoice(
+            label=instance.label,
+            type=instance.unique_id,
+            configuration=",".join(choices[b].strategy for b in instance.blocks) or "none",
+            time=0.0,
+            persistent_memory=0,
+            transient_memory=0,
+            saved_memory=0,
+            gradient_memory=0,
+        )
+        for instance in segmentation.instances
+    )
+    parameters = {
+        value.path: layout(value.id) for value in graph.inputs_of_kind(ValueKind.PARAMETER)
+    }
+    return _finish(
+        source=source,
+        graph=graph,
+        mesh=mesh,
+        platform=platform,
+        backend=backend,
+        segments=segments,
+        blocks=tuple(choices),
+        parameters=parameters,
+        predicted=Prediction(time, int(memory), int(memory), budget),
+        values=tuple(sorted(values.items())),
+        operands=tuple(sorted(operands.items())),
+        ilp=None if ilp is None else IlpReport(**ilp),
+    )
+
+
+def _finish(
+    *,
+    source: str,
+    graph: Graph,
+    mesh: MeshSpec,
+    platform: PlatformLike,
+    backend: str,
+    segments: tuple[InstanceChoice, ...],
+    blocks: tuple[BlockChoice, ...],
+    parameters: dict[str, DimAxes],
+    predicted: Prediction,
+    values: tuple[tuple[int, DimAxes], ...] | None = None,
+    operands: tuple[tuple[tuple[int, int], DimAxes], ...] | None = None,
+    ilp: IlpReport | None = None,
+) -> Plan:
+    from explorer import __version__
+    from explorer.platforms import resolve_platform
+
+    # Not validated against the schema here: the solver builds one per slider step, and
+    # validating a plan of a 48-layer model takes a second. What leaves the process (save,
+    # to_json) and what comes in (load_plan) is validated.
+    priced_on = resolve_platform(platform)
+    if predicted.budget is not None and predicted.memory > predicted.budget:
+        raise PlanError(f"plan memory {predicted.memory} exceeds its budget {predicted.budget}")
+    return Plan(
+        source=source,
+        mesh=mesh,
+        platform_name=priced_on.name,
+        # in full: a scaled or calibrated platform has no file a name could be resolved to
+        priced_on=priced_on,
+        backend=backend,
+        model_fingerprint=model_fingerprint(graph),
+        segments=segments,
+        blocks=blocks,
+        parameters=tuple(sorted(parameters.items())),
+        predicted=predicted,
+        versions=Versions(explorer=__version__, jax=jax.__version__),
+        values=values,
+        operands=operands,
+        ilp=ilp,
+    )
