@@ -40,7 +40,6 @@ PROFILED_ONLY = frozenset(
         "frontier_for",
         "plan",
         "plan_of",
-        "baseline",
     }
 )
 
@@ -124,6 +123,111 @@ class SegmentedStep:
             f"(Eq. 7): {self.program_counts.formula()}",
             self._placement_summary(),
         ]
+
+    def baseline(
+        self, name: str, *, memory_budget: float | None = None, time_limit: float = 60.0
+    ) -> Plan:
+        """A baseline plan priced by compiling the whole step under it (`evaluate`): the
+        templates `dp`, `megatron` and `fsdp`, or `alpa`, the Alpa-style ILP over per-op
+        strategies (explorer.alpa) on this mesh and platform. No profiles are needed; a
+        profiled `Analysis` prices `dp` and `megatron` by its cost model instead.
+
+        The ILP's own objective is a communication-volume estimate on another scale than the
+        profiles, so its predicted time and memory are the whole step compiled under the plan
+        too; the ILP's objective, size and status are kept in the plan's `ilp` field.
+        `memory_budget` (bytes per device) and `time_limit` (seconds, the best feasible plan
+        when reached) are the ILP's; templates ignore them."""
+        if name == "alpa":
+            return self._alpa_plan(memory_budget, time_limit)
+        per_block = baseline_choices(name, self.block_analysis, self.segments)
+        layouts = fsdp_parameter_layouts(self.graph, self.mesh) if name == "fsdp" else None
+        return self._evaluated_plan(name, per_block, layouts)
+
+    def _evaluated_plan(
+        self, name: str, per_block: tuple[int, ...], layouts: dict[str, DimAxes] | None
+    ) -> Plan:
+        """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
+        a restricted run left out), priced by compiling the whole step under it."""
+        documents = [
+            {
+                "label": i.label,
+                "type": i.unique_id,
+                "configuration": ",".join(
+                    self.blocks[b].strategies[per_block[b]].name for b in i.blocks
+                )
+                or "none",
+                "time": 0.0,
+                "persistent_memory": 0,
+                "transient_memory": 0,
+                "saved_memory": 0,
+                "gradient_memory": 0,
+            }
+            for i in self.segments.instances
+        ]
+
+        def plan_with(time: float, memory: int) -> Plan:
+            return make_plan(
+                source=name,
+                graph=self.graph,
+                blocks=self.block_analysis,
+                segments=documents,
+                config=Config(per_block),
+                mesh=self.mesh,
+                platform=self.platform,
+                backend=self.backend,
+                time=time,
+                memory=memory,
+                memory_eq9=memory,
+                budget=None,
+                parameter_layouts=layouts,
+            )
+
+        return self._priced_by_evaluation(plan_with)
+
+    def _alpa_plan(self, memory_budget: float | None, time_limit: float) -> Plan:
+        from explorer.alpa import solve_alpa
+        from explorer.plan import make_layout_plan
+
+        solution = solve_alpa(
+            self.graph, self.mesh, self.platform, memory_budget=memory_budget, time_limit=time_limit
+        )
+        ilp = {
+            "objective": solution.objective,
+            "units": solution.units,
+            "status": solution.status,
+            "solve_seconds": solution.solve_seconds,
+            "variables": solution.variables,
+            "integer_variables": solution.integer_variables,
+            "constraints": solution.constraints,
+            "memory": solution.memory,
+        }
+
+        def plan_with(time: float, memory: int) -> Plan:
+            return make_layout_plan(
+                source="alpa",
+                graph=self.graph,
+                blocks=self.block_analysis,
+                segmentation=self.segments,
+                mesh=self.mesh,
+                platform=self.platform,
+                backend=self.backend,
+                time=time,
+                memory=memory,
+                budget=None,
+                values=solution.layout_map(),
+                operands={(o, p): d for o, p, d in solution.operands},
+                op_strategies=dict(solution.strategies),
+                ilp=ilp,
+            )
+
+        return self._priced_by_evaluation(plan_with)
+
+    def _priced_by_evaluation(self, plan_with: Callable[[float, int], Plan]) -> Plan:
+        """A plan whose predictions are its whole step compiled and priced (`evaluate`)."""
+        from explorer.plan import evaluate
+
+        truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
+        return plan_with(truth.time, truth.memory)
 
     if not TYPE_CHECKING:  # hidden from the type checker, so a typo stays a type error
 
@@ -225,25 +329,16 @@ class Analysis(SegmentedStep):
     def baseline(
         self, name: str, *, memory_budget: float | None = None, time_limit: float = 60.0
     ) -> Plan:
-        """A template plan (`dp`, `megatron`, `fsdp`), priced by the same cost model; `fsdp`
-        by compiling the whole step (its parameter layouts are not a block configuration), and
-        so is a template whose configuration a restricted run (`only=`) did not profile.
-
-        `alpa` solves the Alpa-style ILP over per-op strategies (explorer.alpa) on this mesh
-        and platform. Its own objective is a communication-volume estimate on another scale
-        than the profiles, so like `fsdp` its predicted time and memory are the whole step
-        compiled under the plan (`evaluate`); the ILP's objective, size and status are kept
-        in the plan's `ilp` field. `memory_budget` (bytes per device) and `time_limit`
-        (seconds, the best feasible plan when reached) are the ILP's; templates ignore them.
-        """
-        if name == "alpa":
-            return self._alpa_plan(memory_budget, time_limit)
+        """A template plan (`dp`, `megatron`, `fsdp`) priced by the same cost model where the
+        profiles hold it; `fsdp` (its parameter layouts are not a block configuration) and a
+        template a restricted run (`only=`) did not profile by compiling the whole step.
+        `alpa` is as for a `SegmentedStep`."""
+        if name in ("alpa", "fsdp"):
+            return SegmentedStep.baseline(
+                self, name, memory_budget=memory_budget, time_limit=time_limit
+            )
         model = self.cost_model
         per_block = baseline_choices(name, self.block_analysis, self.segments)
-        if name == "fsdp":
-            return self._evaluated_plan(
-                name, per_block, fsdp_parameter_layouts(self.graph, self.mesh)
-            )
         selection = []
         for n, instance in enumerate(self.segments.instances):
             wanted = tuple(per_block[b] for b in instance.blocks)
@@ -255,95 +350,9 @@ class Analysis(SegmentedStep):
             ]
             if not found:
                 # a restricted run (`only=`) may not hold the template: price it on the whole step
-                return self._evaluated_plan(name, per_block, None)
+                return SegmentedStep.baseline(self, name)
             selection.append(found[0])
         return self._plan(name, tuple(selection), None)
-
-    def _evaluated_plan(
-        self, name: str, per_block: tuple[int, ...], layouts: dict[str, DimAxes] | None
-    ) -> Plan:
-        """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
-        a restricted run left out), priced by compiling the whole step under it."""
-        documents = [
-            {
-                "label": i.label,
-                "type": i.unique_id,
-                "configuration": ",".join(
-                    self.blocks[b].strategies[per_block[b]].name for b in i.blocks
-                )
-                or "none",
-                "time": 0.0,
-                "persistent_memory": 0,
-                "transient_memory": 0,
-                "saved_memory": 0,
-                "gradient_memory": 0,
-            }
-            for i in self.segments.instances
-        ]
-
-        def plan_with(time: float, memory: int) -> Plan:
-            return make_plan(
-                source=name,
-                graph=self.graph,
-                blocks=self.block_analysis,
-                segments=documents,
-                config=Config(per_block),
-                mesh=self.mesh,
-                platform=self.platform,
-                backend=self.backend,
-                time=time,
-                memory=memory,
-                memory_eq9=memory,
-                budget=None,
-                parameter_layouts=layouts,
-            )
-
-        return self._priced_by_evaluation(plan_with)
-
-    def _alpa_plan(self, memory_budget: float | None, time_limit: float) -> Plan:
-        from explorer.alpa import solve_alpa
-        from explorer.plan import make_layout_plan
-
-        solution = solve_alpa(
-            self.graph, self.mesh, self.platform, memory_budget=memory_budget, time_limit=time_limit
-        )
-        ilp = {
-            "objective": solution.objective,
-            "units": solution.units,
-            "status": solution.status,
-            "solve_seconds": solution.solve_seconds,
-            "variables": solution.variables,
-            "integer_variables": solution.integer_variables,
-            "constraints": solution.constraints,
-            "memory": solution.memory,
-        }
-
-        def plan_with(time: float, memory: int) -> Plan:
-            return make_layout_plan(
-                source="alpa",
-                graph=self.graph,
-                blocks=self.block_analysis,
-                segmentation=self.segments,
-                mesh=self.mesh,
-                platform=self.platform,
-                backend=self.backend,
-                time=time,
-                memory=memory,
-                budget=None,
-                values=solution.layout_map(),
-                operands={(o, p): d for o, p, d in solution.operands},
-                op_strategies=dict(solution.strategies),
-                ilp=ilp,
-            )
-
-        return self._priced_by_evaluation(plan_with)
-
-    def _priced_by_evaluation(self, plan_with: Callable[[float, int], Plan]) -> Plan:
-        """A plan whose predictions are its whole step compiled and priced (`evaluate`)."""
-        from explorer.plan import evaluate
-
-        truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
-        return plan_with(truth.time, truth.memory)
 
     def _plan(self, source: str, selection: tuple[int, ...], budget: float | None) -> Plan:
         model = self.cost_model

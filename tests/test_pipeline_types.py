@@ -13,7 +13,7 @@ def test_analyze_without_profiling_gives_a_segmented_step_that_refuses_plans_cle
     shape = ex.analyze(step, *args, mesh=(4,), cache=None, profile=False)
     assert type(shape) is ex.SegmentedStep and shape.profiled is False
     assert shape.program_count > 0 and len(shape.blocks) > 0  # what segmenting gives
-    for name in ("plan", "frontier", "profiles", "baseline", "cost_model"):
+    for name in ("plan", "frontier", "profiles", "plan_of", "cost_model"):
         with pytest.raises(NotProfiledError, match=rf"{name}: .*profile=False"):
             getattr(shape, name)
         assert not hasattr(shape, name)  # an AttributeError too: hasattr answers honestly
@@ -40,3 +40,13 @@ def test_a_profiled_analysis_is_a_segmented_step_with_plans() -> None:
         and "profiled"
         not in ex.analyze(step, *args, mesh=(4,), cache=None, profile=False).summary()
     )
+
+
+def test_a_segmented_step_prices_a_baseline_by_compiling_the_whole_step() -> None:
+    """Baselines need no profiles: without them a template is priced by its whole step."""
+    step, args = ex.models.gpt(abstract=True)
+    shape = ex.analyze(step, *args, mesh=(4,), cache=None, profile=False)
+    plan = shape.baseline("dp")
+    truth = ex.evaluate(plan, step, *args)
+    assert plan.source == "dp" and set(plan.strategies) <= {"M@x", ""}
+    assert (plan.time, plan.memory) == (truth.time, truth.memory)
