@@ -46,7 +46,7 @@ def one_run(workers: int, layers: int) -> dict[str, float]:
     start = time.perf_counter()
     analysis = ex.analyze(step, *args, mesh=(4,), cache=None, progress=False, workers=workers)
     seconds = time.perf_counter() - start
-    programs = sum(1 for p in analysis.profiled.entries if p.program)
+    programs = sum(1 for p in analysis.profile_records.entries if p.program)
     if compile_workers._shared is not None:  # wait for the workers: their peak is then known
         compile_workers._shared.close()
     main = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -19,7 +19,9 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import explorer as ex
 
 
-def _run(config: object, mesh: tuple[int, ...], cache: Path, platform: str) -> tuple[float, object]:
+def _run(
+    config: object, mesh: tuple[int, ...], cache: Path, platform: str
+) -> tuple[float, ex.Analysis]:
     step, args = ex.models.gpt(config, abstract=True)  # type: ignore[arg-type]
     start = time.perf_counter()
     analysis = ex.analyze(step, *args, mesh=mesh, platform=platform, cache=cache, progress=False)
@@ -31,18 +33,18 @@ def main() -> None:
         cache = Path(tmp) / "profiles.sqlite"
         tiny = ex.models.GPTConfig.tiny()
         cold, analysis = _run(tiny, (4,), cache, "a100-pcie-8")
-        profiled = analysis.profiled  # type: ignore[attr-defined]
+        profiled = analysis.profile_records
         warm, again = _run(tiny, (4,), cache, "a100-pcie-8")
-        cached = sum(p.cached for p in again.profiled.entries)  # type: ignore[attr-defined]
+        cached = sum(p.cached for p in again.profile_records.entries)
         print(
             f"tiny GPT, mesh 4, compiled: {profiled.programs} programs cold in {cold:.1f} s "
             f"(target < 180 s); warm cache {warm:.2f} s (target < 5 s), "
-            f"{cached} of {len(again.profiled)} from the cache"  # type: ignore[attr-defined]
+            f"{cached} of {len(again.profile_records)} from the cache"
         )
         other, _ = _run(tiny, (4,), cache, "h100-sxm-8")
         print(f"same cache, another platform (re-priced, nothing compiled): {other:.2f} s")
         big, analysis = _run(ex.models.GPTConfig.gpt_6_7b(), (8,), cache, "a100-pcie-8")
-        profiled = analysis.profiled  # type: ignore[attr-defined]
+        profiled = analysis.profile_records
         fastest = min(
             (p for p in profiled.segments if p.ok and p.label == "layer"), key=lambda p: p.t_total
         )

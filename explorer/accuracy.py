@@ -14,9 +14,12 @@ import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from explorer.errors import AnalysisError
+
+if TYPE_CHECKING:
+    from explorer.analysis import Analysis
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,15 +196,13 @@ def _spearman(a: list[float], b: list[float]) -> float:
 Emitted = tuple[str, int, tuple[str, ...], int]  # kind, bytes, mesh axes, group size
 
 
-def composed_collectives(analysis: Any, selection: tuple[int, ...]) -> tuple[Emitted, ...]:
+def composed_collectives(analysis: Analysis, selection: tuple[int, ...]) -> tuple[Emitted, ...]:
     """The collectives the profiled pieces of a plan emit: every segment program's and every
     boundary's resharding program's, as the profiles recorded them."""
     import json
 
-    model = analysis.cost_model
-    profiles = analysis.profiled
-    if profiles is None:
-        raise AnalysisError("the composed collectives need profiles: analyze(..., profile=True)")
+    model = analysis.cost_model  # a SegmentedStep has none: a NotProfiledError names it
+    profiles = analysis.profile_records
     out: list[Emitted] = []
 
     def emitted(found: list[Any]) -> None:
