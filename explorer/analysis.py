@@ -20,6 +20,8 @@ from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, ParallelBlock, Se
 from explorer.mesh import MeshSpec
 from explorer.pins import solver_pins
 from explorer.plan import Plan, make_plan
+from explorer.plan_build import unpriced_segments
+from explorer.plan_types import IlpReport, InstanceChoice
 from explorer.segments import ProgramCount, program_count
 from explorer.solve import Frontier, solve_frontier
 from explorer.space import config_count, reshard_signatures
@@ -28,20 +30,6 @@ from explorer.units import BytesLike, parse_bytes
 if TYPE_CHECKING:
     from explorer.platforms import Platform
     from explorer.profile.profiles import Profiles
-
-# what only a profiled analysis has: asked of a `SegmentedStep`, each is a `NotProfiledError`
-PROFILED_ONLY = frozenset(
-    {
-        "profiles",
-        "profile_records",
-        "cost_model",
-        "default_frontier",
-        "frontier",
-        "frontier_for",
-        "plan",
-        "plan_of",
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +75,7 @@ class SegmentedStep:
 
     @property
     def platform_name(self) -> str:
-        return str(getattr(self.platform, "name", self.platform))
+        return self.platform.name
 
     def unplaced_ops(self) -> tuple[int, ...]:
         """Ops outside every block whose dependencies the affine analysis does not know: the
@@ -148,29 +136,15 @@ class SegmentedStep:
     ) -> Plan:
         """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
         a restricted run left out), priced by compiling the whole step under it."""
-        documents = [
-            {
-                "label": i.label,
-                "type": i.unique_id,
-                "configuration": ",".join(
-                    self.blocks[b].strategies[per_block[b]].name for b in i.blocks
-                )
-                or "none",
-                "time": 0.0,
-                "persistent_memory": 0,
-                "transient_memory": 0,
-                "saved_memory": 0,
-                "gradient_memory": 0,
-            }
-            for i in self.segments.instances
-        ]
+        names = [b.strategies[c].name for b, c in zip(self.blocks, per_block, strict=True)]
+        segments = unpriced_segments(self.segments, names)
 
         def plan_with(time: float, memory: int) -> Plan:
             return make_plan(
                 source=name,
                 graph=self.graph,
                 blocks=self.block_analysis,
-                segments=documents,
+                segments=segments,
                 config=Config(per_block),
                 mesh=self.mesh,
                 platform=self.platform,
@@ -191,16 +165,16 @@ class SegmentedStep:
         solution = solve_alpa(
             self.graph, self.mesh, self.platform, memory_budget=memory_budget, time_limit=time_limit
         )
-        ilp = {
-            "objective": solution.objective,
-            "units": solution.units,
-            "status": solution.status,
-            "solve_seconds": solution.solve_seconds,
-            "variables": solution.variables,
-            "integer_variables": solution.integer_variables,
-            "constraints": solution.constraints,
-            "memory": solution.memory,
-        }
+        ilp = IlpReport(
+            objective=solution.objective,
+            units=solution.units,
+            status=solution.status,
+            solve_seconds=solution.solve_seconds,
+            variables=solution.variables,
+            integer_variables=solution.integer_variables,
+            constraints=solution.constraints,
+            memory=solution.memory,
+        )
 
         def plan_with(time: float, memory: int) -> Plan:
             return make_layout_plan(
@@ -357,28 +331,28 @@ class Analysis(SegmentedStep):
     def _plan(self, source: str, selection: tuple[int, ...], budget: float | None) -> Plan:
         model = self.cost_model
         choices = [0] * len(self.blocks)
-        documents = []
+        segments = []
         for n, instance in enumerate(self.segments.instances):
             option = model.options[n][selection[n]]
             for block, choice in zip(instance.blocks, option.choices, strict=True):
                 choices[block] = choice
-            documents.append(
-                {
-                    "label": instance.label,
-                    "type": instance.unique_id,
-                    "configuration": option.name,
-                    "time": option.time,
-                    "persistent_memory": option.persistent,
-                    "transient_memory": option.transient,
-                    "saved_memory": option.saved,
-                    "gradient_memory": option.gradients,
-                }
+            segments.append(
+                InstanceChoice(
+                    label=instance.label,
+                    type=instance.unique_id,
+                    configuration=option.name,
+                    time=option.time,
+                    persistent_memory=option.persistent,
+                    transient_memory=option.transient,
+                    saved_memory=option.saved,
+                    gradient_memory=option.gradients,
+                )
             )
         return make_plan(
             source=source,
             graph=self.graph,
             blocks=self.block_analysis,
-            segments=documents,
+            segments=segments,
             config=Config(tuple(choices)),
             mesh=self.mesh,
             platform=self.platform,
@@ -394,8 +368,14 @@ class Analysis(SegmentedStep):
         records = self.profile_records.entries
         ok = sum(1 for r in records if r.ok)
         lines.append(
-            f"profiled {len(records)} programs on {getattr(self.platform, 'name', '?')} "
+            f"profiled {len(records)} programs on {self.platform.name} "
             f"({self.backend}): {ok} ok, {len(records) - ok} infeasible, "
             f"{sum(1 for r in records if r.cached)} from the cache"
         )
         return lines
+
+
+# what only a profiled analysis has: asked of a `SegmentedStep`, each is a `NotProfiledError`
+PROFILED_ONLY = frozenset(
+    name for name in dir(Analysis) if not name.startswith("_") and not hasattr(SegmentedStep, name)
+)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 
@@ -33,17 +33,23 @@ def model_fingerprint(graph: Graph) -> str:
     return hasher.hexdigest()[:16]
 
 
-def instance_choice(segment: Mapping[str, Any]) -> InstanceChoice:
-    """One segment instance's entry as the pipeline reports it (the plan file's fields)."""
-    return InstanceChoice(
-        label=segment["label"],
-        type=segment["type"],
-        configuration=segment["configuration"],
-        time=segment["time"],
-        persistent_memory=segment["persistent_memory"],
-        transient_memory=segment["transient_memory"],
-        saved_memory=segment.get("saved_memory"),
-        gradient_memory=segment.get("gradient_memory"),
+def unpriced_segments(
+    segmentation: Segmentation, strategies: Sequence[str]
+) -> tuple[InstanceChoice, ...]:
+    """Each instance's configuration named by its blocks' `strategies` (per block), with no
+    cost of its own: a plan priced as a whole step, not composed from segment profiles."""
+    return tuple(
+        InstanceChoice(
+            label=instance.label,
+            type=instance.unique_id,
+            configuration=",".join(strategies[b] for b in instance.blocks) or "none",
+            time=0.0,
+            persistent_memory=0,
+            transient_memory=0,
+            saved_memory=0,
+            gradient_memory=0,
+        )
+        for instance in segmentation.instances
     )
 
 
@@ -52,7 +58,7 @@ def make_plan(
     source: str,
     graph: Graph,
     blocks: BlockAnalysis,
-    segments: Sequence[dict[str, Any]],
+    segments: Sequence[InstanceChoice],
     config: Config,
     mesh: MeshSpec,
     platform: PlatformLike,
@@ -95,7 +101,7 @@ def make_plan(
         mesh=mesh,
         platform=platform,
         backend=backend,
-        segments=tuple(instance_choice(s) for s in segments),
+        segments=tuple(segments),
         blocks=tuple(choices),
         parameters=parameters,
         predicted=Prediction(time, int(memory), int(memory_eq9), budget),
@@ -117,7 +123,7 @@ def make_layout_plan(
     values: Mapping[int, DimAxes],
     operands: Mapping[tuple[int, int], DimAxes],
     op_strategies: Mapping[int, str],
-    ilp: dict[str, Any] | None = None,
+    ilp: IlpReport | None = None,
 ) -> Plan:
     """A per-op plan: a layout for every value (step inputs included) and for what each
     contraction reads. Blocks and segments are reported for display only: each block under
@@ -140,19 +146,7 @@ def make_layout_plan(
                 values=tuple(owned),
             )
         )
-    segments = tuple(
-        InstanceChoice(
-            label=instance.label,
-            type=instance.unique_id,
-            configuration=",".join(choices[b].strategy for b in instance.blocks) or "none",
-            time=0.0,
-            persistent_memory=0,
-            transient_memory=0,
-            saved_memory=0,
-            gradient_memory=0,
-        )
-        for instance in segmentation.instances
-    )
+    segments = unpriced_segments(segmentation, [c.strategy for c in choices])
     parameters = {
         value.path: layout(value.id) for value in graph.inputs_of_kind(ValueKind.PARAMETER)
     }
@@ -168,7 +162,7 @@ def make_layout_plan(
         predicted=Prediction(time, int(memory), int(memory), budget),
         values=tuple(sorted(values.items())),
         operands=tuple(sorted(operands.items())),
-        ilp=None if ilp is None else IlpReport(**ilp),
+        ilp=ilp,
     )
 
 
