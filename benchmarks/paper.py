@@ -34,6 +34,7 @@ from benchmarks.paper_grid import (
     PaperCase,
     PaperRun,
     paper_cases,
+    select_cases,
 )
 from benchmarks.paper_report import write_report
 from benchmarks.quality import strategy_mix
@@ -264,15 +265,19 @@ def run_paper(
     log: Callable[[str], None] = print,
     readme: Path | None = None,
     cases: Sequence[PaperCase] | None = None,
+    only: Sequence[str] | None = None,
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
     path. `cache` keeps profiles, and whole-step evaluations beside it (default: in the
-    user's cache folder, so that a second run is warm)."""
+    user's cache folder, so that a second run is warm). `only` keeps the cases whose label
+    contains one of its patterns, in its order."""
     from explorer.evaluation_store import evaluations_kept_in
 
     grid = tuple(cases) if cases is not None else paper_cases(quick)
+    if only is not None:
+        grid = select_cases(grid, only)
     cache = cache if cache is not None else DEFAULT_CACHE.expanduser()
-    run = PaperRun(quick, grid, out, cache, log)
+    run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
     with evaluations_kept_in(cache.with_suffix(".evaluations.sqlite")) as store:
         for case in grid:
             log(f"== {case.label}")

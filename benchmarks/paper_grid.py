@@ -4,7 +4,7 @@ cases run in, and what a run has measured so far (`PaperRun`)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,23 @@ def paper_cases(quick: bool) -> tuple[PaperCase, ...]:
     return tuple(case(m, p, plat, mesh, small) for plat, mesh, small in order for m, p in MODELS)
 
 
+def select_cases(grid: tuple[PaperCase, ...], patterns: Sequence[str]) -> tuple[PaperCase, ...]:
+    """The cases whose label contains one of `patterns`, in the patterns' order (each once);
+    a pattern that matches no case is refused before any case runs."""
+    from explorer.errors import InputError
+
+    chosen: list[PaperCase] = []
+    for pattern in patterns:
+        matches = [case for case in grid if pattern and pattern in case.label]
+        if not matches:
+            raise InputError(
+                f"--only: expected a part of a case label, found {pattern!r}, which matches "
+                f"none of the {len(grid)} cases (e.g. {grid[0].label!r})"
+            )
+        chosen += [case for case in matches if case not in chosen]
+    return tuple(chosen)
+
+
 @dataclass(slots=True)
 class PaperRun:
     """What a paper run has measured so far, and where it writes it."""
@@ -94,6 +111,7 @@ class PaperRun:
     out: Path
     cache: Path
     log: Callable[[str], None]
+    only: tuple[str, ...] | None = None  # the --only patterns that chose `cases`, if any
     rows: list[dict[str, Any]] = field(default_factory=list)
     losses: list[dict[str, Any]] = field(default_factory=list)
     done: list[str] = field(default_factory=list)

@@ -144,7 +144,11 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
     frame = pd.DataFrame(run.rows)
     frame.to_csv(run.out / "paper.csv", index=False)
     minutes = (time.perf_counter() - run.started) / 60
-    command = "python -m explorer bench --paper" + (" --quick" if run.quick else "")
+    command = (
+        "python -m explorer bench --paper"
+        + (" --quick" if run.quick else "")
+        + (f" --only '{','.join(run.only)}'" if run.only is not None else "")
+    )
     state = (
         f"in {minutes:.1f} minutes"
         if finished

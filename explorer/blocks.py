@@ -14,7 +14,8 @@ One pass over the traced Graph:
    wanted by two blocks keeps the first block's layout and the conflict is recorded.
 3. Backward ops join the block of the forward op they were derived from (the tracer's link, or
    failing that, the one block whose forward ops share their source line and scope), and their
-   results take the layout of the forward value of the same shape.
+   results take the layout of the forward value of the same shape, unless the block's own
+   operands of the op put the split on another dim (a square weight's transposed gradient).
 """
 
 from __future__ import annotations
@@ -322,10 +323,42 @@ class _State:
             for vid in fwd.outputs:
                 if vid in draft.layouts:
                     candidates[self.graph.values[vid].type.shape].append(draft.layouts[vid])
-        for vid in op.outputs:
+        # What the block knows of the op's operands: the values it owns, and the layouts
+        # its head wants of its operands (the saved activation a weight's gradient reads).
+        known = {vid: layout for _, _, vid, layout in draft.operands}
+        known.update(
+            (vid, layout)
+            for vid, layout in draft.layouts.items()
+            if self.value_owner.get(vid) == draft.index
+        )
+        for result, vid in enumerate(op.outputs):
             found = candidates.get(self.graph.values[vid].type.shape, [])
-            if found and all(f == found[0] for f in found):
+            if not found or any(f != found[0] for f in found):
+                continue
+            # A shape can match the wrong value: the gradient of a square weight comes out
+            # of its dot transposed ([out, in] before the `transpose`), the weight's shape,
+            # split on the other dim. Where the op's operands put the split elsewhere, the
+            # value is left to placement's follow rule, which maps it through the op.
+            if self._agrees_with_operands(op, result, found[0], known):
                 self._own(draft, vid, dict(found[0]))
+
+    def _agrees_with_operands(
+        self, op: OpNode, result: int, layout: Layout, known: dict[int, Layout]
+    ) -> bool:
+        """Whether every split of a `known` operand lands where `layout` puts it (a split the
+        op cannot carry, e.g. a contracted one, must be absent from `layout`)."""
+        maps = self.maps(op, result)
+        if maps is None:
+            return True  # nothing to check against: the shape is all we know
+        for position, vid in enumerate(op.inputs):
+            source = known.get(vid)
+            op_map = maps[position] if position < len(maps) else None
+            if source is None or op_map is None:
+                continue
+            for role, dim in source.items():
+                if layout.get(role) != op_map.split_target(dim, self.parts):
+                    return False
+        return True
 
     # -- bookkeeping ----------------------------------------------------------------------
 

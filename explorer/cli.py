@@ -18,7 +18,7 @@ from typing import Any
 
 from explorer import models
 from explorer.cluster.join import add_cluster_arguments
-from explorer.errors import ExplorerError, ProfilingCancelled
+from explorer.errors import ExplorerError, InputError, ProfilingCancelled
 from explorer.units import parse_bytes
 
 # The exit status of a run stopped by Ctrl-C, as shells report a process ended by SIGINT.
@@ -89,6 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--paper",
         action="store_true",
         help="plan quality at the paper's scale (report under assets/bench/paper)",
+    )
+    bench.add_argument(
+        "--only",
+        default=None,
+        help="with --paper: the cases whose label contains one of these comma-separated "
+        "patterns, in the patterns' order (e.g. 'llama_7b_bf16 batch 2,moe_7_1b_bf16 batch 4')",
     )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
     bench.add_argument("--cache", default=None, help="profile cache (default: a cold one)")
@@ -262,11 +268,14 @@ def _bench(args: argparse.Namespace) -> int:
         os.environ["XLA_FLAGS"] = (
             f"{flags} --xla_force_host_platform_device_count={devices}".strip()
         )
+    if args.only is not None and not args.paper:
+        raise InputError("--only selects paper cases: expected it with --paper, found it alone")
     start = time.perf_counter()
     if args.paper:
         paper = _harness("paper")
         report = paper.run_paper(
             quick=args.quick,
+            only=[p.strip() for p in args.only.split(",")] if args.only is not None else None,
             out=Path(args.out) if args.out else paper.PAPER_DIR,
             readme=None if args.out else claims.README,
             cache=Path(args.cache).expanduser() if args.cache else None,

@@ -39,15 +39,16 @@ from explorer.space import (
 )
 
 # Bump when the way programs are built changes (what is constrained, where), or what their
-# profile rows hold (constants-17: values made from constants alone that the backward part
-# reads held once per type, not saved by every instance; reuse-16: random bits lowered
-# elementwise as accelerators lower them, not in the CPU's rolled loop that every device ran
-# at the global shape; reuse-15: a result
-# written in place over an operand dying at it is not counted beside it; held-13: saved
-# activations and handed-on gradients apart from the whole-step memory, on top of passing-12's
-# passed tensors in the working set, tie-11's bf16 cotangent ordering, owners-10's step inputs
-# held where they are updated): profiles made the old way are then not reused.
-PROGRAM_VERSION = "constants-17"
+# profile rows hold (transposed-18: a square weight's gradient, made transposed by its dot, is
+# no longer given the weight's layout by its shape alone; constants-17: values made from
+# constants alone that the backward part reads held once per type, not saved by every
+# instance; reuse-16: random bits lowered elementwise as accelerators lower them, not in the
+# CPU's rolled loop that every device ran at the global shape; reuse-15: a result written in
+# place over an operand dying at it is not counted beside it; held-13: saved activations and
+# handed-on gradients apart from the whole-step memory, on top of passing-12's passed tensors
+# in the working set, tie-11's bf16 cotangent ordering, owners-10's step inputs held where
+# they are updated): profiles made the old way are then not reused.
+PROGRAM_VERSION = "transposed-18"
 
 
 @dataclass(frozen=True, slots=True)
