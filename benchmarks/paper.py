@@ -100,7 +100,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         )
         if name == "cfp" and plan is not None:
             run.rows[-1]["cfp_space_min_s"] = min(fitting) if fitting else math.nan
-    _explain_losses(run, case, plans, truths, capacity)
+    _explain_losses(run, case, analysis, plans, truths=truths, capacity=capacity)
     run.done.append(case.label)
     run.log(f"   {case.label}: {time.perf_counter() - began:.0f} s")
 
@@ -184,7 +184,13 @@ def _row(
 
 
 def _explain_losses(
-    run: PaperRun, case: PaperCase, plans: dict[str, Any], truths: dict[str, Any], capacity: int
+    run: PaperRun,
+    case: PaperCase,
+    analysis: Any,
+    plans: dict[str, Any],
+    *,
+    truths: dict[str, Any],
+    capacity: int,
 ) -> None:
     """For every baseline that fits and beats the CFP plan on the truth: the blocks whose
     strategy differs and the collectives of the two compiled steps that differ."""
@@ -202,7 +208,7 @@ def _explain_losses(
                 "case": case.label,
                 "baseline": name,
                 "ratio": truth.time / cfp_truth.time,
-                "blocks": _block_difference(cfp, other),
+                "blocks": _block_difference(analysis, cfp, other),
                 "collectives": _collective_difference(cfp_truth, truth),
                 "time": (
                     f"communication {1e3 * cfp_truth.t_comm:.1f} vs {1e3 * truth.t_comm:.1f} ms, "
@@ -213,9 +219,9 @@ def _explain_losses(
         )
 
 
-def _block_difference(cfp: Any, other: Any) -> str:
+def _block_difference(analysis: Any, cfp: Any, other: Any) -> str:
     if other.per_op:
-        return "the baseline is a per-op plan (no block strategies): every layout may differ"
+        return _per_op_difference(analysis, cfp, other)
     pairs = Counter(
         (block.scope, mine, theirs)
         for block, mine, theirs in zip(cfp.blocks, cfp.strategies, other.strategies, strict=True)
@@ -225,14 +231,61 @@ def _block_difference(cfp: Any, other: Any) -> str:
         if cfp.parameters != other.parameters:
             return "same block strategies; the parameter layouts differ (sharded parameters)"
         return "same block strategies"
+    return f"{sum(pairs.values())} blocks differ: {_listed(pairs)}"
+
+
+def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
+    """A per-op plan through the block space: the blocks it lays out as another strategy
+    than CFP's, the blocks no strategy lays out as it does (it reshards inside them), and
+    its nearest block plan priced by the cost model beside CFP's."""
+    from explorer.explain import closest_selection, project_onto_blocks
+    from explorer.explain.counterfactual import select
+
+    projections = project_onto_blocks(analysis.graph, analysis.blocks, other)
+    differ = Counter(
+        (p.scope, choice.strategy, p.strategy_name)
+        for p, choice in zip(projections, cfp.blocks, strict=True)
+        if p.exact and p.strategy_name != choice.strategy
+    )
+    inside = Counter(
+        f"{p.scope} (closest {p.strategy_name}: {p.agreeing} of {p.values} values)"
+        for p in projections
+        if not p.exact
+    )
+    parts = [
+        f"per-op plan; {sum(p.exact for p in projections)} of {len(projections)} blocks are "
+        "laid out as one block strategy"
+    ]
+    if differ:
+        parts.append(f"{sum(differ.values())} of them differ from CFP's: {_listed(differ)}")
+    if inside:
+        parts.append(
+            f"{sum(inside.values())} blocks as no strategy (the plan reshards inside them): "
+            + ", ".join(
+                f"{what}" + (f" x{n}" if n > 1 else "") for what, n in inside.most_common(6)
+            )
+        )
+    selection = select(analysis.cost_model, closest_selection(projections))
+    if isinstance(selection, str):
+        parts.append(f"its nearest block plan is not in the profiled space ({selection})")
+    else:
+        nearest = analysis.plan_of(selection, source="nearest")
+        parts.append(
+            f"its nearest block plan is predicted at {1e3 * nearest.time:.1f} ms and "
+            f"{nearest.memory / 2**30:.1f} GiB (CFP's: {1e3 * cfp.time:.1f} ms, "
+            f"{cfp.memory / 2**30:.1f} GiB)"
+        )
+    return "; ".join(parts)
+
+
+def _listed(pairs: Counter[tuple[str, str, str]]) -> str:
+    """The six commonest (scope, CFP's, theirs) triples, with how many blocks each."""
     listed = ", ".join(
         f"{scope}: {mine} (CFP) vs {theirs}" + (f" x{n}" if n > 1 else "")
         for (scope, mine, theirs), n in pairs.most_common(6)
     )
     more = len(pairs) - 6
-    return f"{sum(pairs.values())} blocks differ: {listed}" + (
-        f", and {more} more" if more > 0 else ""
-    )
+    return listed + (f", and {more} more" if more > 0 else "")
 
 
 def _collective_difference(cfp: Any, other: Any) -> str:

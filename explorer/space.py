@@ -149,10 +149,10 @@ def shardings(
             )
         strategy = block.strategies[choice]
         for layout in block.layouts:
-            values[layout.value] = _dim_axes(graph, layout, strategy)
+            values[layout.value] = dim_axes(graph, layout, strategy)
         for operand in block.operand_layouts:
             operands.append(
-                (operand.op, operand.position, _dim_axes(graph, operand.layout, strategy))
+                (operand.op, operand.position, dim_axes(graph, operand.layout, strategy))
             )
     inputs = _input_shardings(graph, values, parameter_layouts or {})
     outputs = _output_shardings(graph, inputs)
@@ -162,7 +162,8 @@ def shardings(
     return ShardingAssignment(mesh.axes, inputs, outputs, internal, tuple(operands))
 
 
-def _dim_axes(graph: Graph, layout: ValueLayout, strategy: Strategy) -> DimAxes:
+def dim_axes(graph: Graph, layout: ValueLayout, strategy: Strategy) -> DimAxes:
+    """Per dim of `layout`'s value, the mesh axes that split it under `strategy`."""
     dims: list[tuple[str, ...]] = [()] * graph.values[layout.value].type.rank
     for role, dim in layout.dims:
         axes = strategy.axes_of(role)
@@ -255,7 +256,7 @@ def wanted_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, value:
     shape = graph.values[value].type.shape
     for operand in block.operand_layouts:
         if graph.values[operand.layout.value].type.shape == shape:
-            return _dim_axes(graph, ValueLayout(value, operand.layout.dims), strategy)
+            return dim_axes(graph, ValueLayout(value, operand.layout.dims), strategy)
     return produced_layout(graph, block, strategy, value)
 
 
@@ -263,11 +264,11 @@ def produced_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, valu
     """The layout `block` under `strategy` leaves a value in (by shape when not its own)."""
     own = block.layout_of(value)
     if own is not None:
-        return _dim_axes(graph, own, strategy)
+        return dim_axes(graph, own, strategy)
     shape = graph.values[value].type.shape
     for layout in reversed(block.layouts):  # the block's last results first: its outputs
         if graph.values[layout.value].type.shape == shape:
-            return _dim_axes(graph, ValueLayout(value, layout.dims), strategy)
+            return dim_axes(graph, ValueLayout(value, layout.dims), strategy)
     return ((),) * len(shape)
 
 
