@@ -13,12 +13,12 @@ from helpers import SHARED_CACHE
 from benchmarks.accuracy import accuracy_case
 from benchmarks.cases import README_END, README_START, Case, Run, quick_settings
 from benchmarks.paper import run_paper
-from benchmarks.paper_grid import BASELINES, PaperCase, paper_cases
+from benchmarks.paper_grid import BASELINES, PaperCase, paper_cases, select_cases
 from benchmarks.paper_grid import README_END as PAPER_END
 from benchmarks.paper_grid import README_START as PAPER_START
 from benchmarks.quality import geomean, quality_summary
 from benchmarks.report import write_report
-from explorer.errors import ExplorerError
+from explorer.errors import ExplorerError, InputError
 
 
 def _run(tmp_path: Path) -> Run:
@@ -127,10 +127,39 @@ def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_rea
     tmp_path: Path,
 ) -> None:
     case = PaperCase("gpt", "tiny", "v100-nvlink-4", (8,), batch=8, paper_batch=True, layers=2)
-    report = run_paper(False, out=tmp_path, cache=tmp_path / "c.sqlite", cases=[case], log=print)
+    report = run_paper(
+        False, out=tmp_path, cache=tmp_path / "c.sqlite", cases=[case], log=print, only=["tiny"]
+    )
     text = report.read_text()
     assert "v100-nvlink-4 mesh 8: the platform has 4 devices, the mesh needs 8" in text
     assert "0 of 1 cases done" in text and "## Failures\n\nNone." in text
+    assert "`python -m explorer bench --paper --only 'tiny'` in" in text  # says what it ran
+
+
+def test_only_picks_paper_cases_by_label_in_its_order_and_refuses_a_stray_pattern() -> None:
+    grid = paper_cases(quick=False)
+    chosen = select_cases(
+        grid,
+        ["llama_7b_bf16 batch 2 on a100-pcie-8 mesh 8", "bert_large_bf16 batch 8 on a100-pcie-8"],
+    )
+    assert [c.label for c in chosen] == [
+        "llama_7b_bf16 batch 2 on a100-pcie-8 mesh 8",
+        "bert_large_bf16 batch 8 on a100-pcie-8 mesh 8",
+        "bert_large_bf16 batch 8 on a100-pcie-8 mesh 2x4",
+        "bert_large_bf16 batch 8 on a100-pcie-8 mesh 4x2",
+    ]
+    assert select_cases(grid, ["llama_7b", "llama_7b_bf16 batch 2"]) == select_cases(
+        grid, ["llama_7b"]
+    )
+    with pytest.raises(InputError, match="found 'gpt-2', which matches none of the 70 cases"):
+        select_cases(grid, ["llama_7b", "gpt-2"])
+
+
+def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
+    from explorer.cli import main
+
+    assert main(["bench", "--only", "llama"]) == 2
+    assert "--only selects paper cases: expected it with --paper" in capsys.readouterr().err
 
 
 def test_the_library_imports_no_benchmark_harness() -> None:
