@@ -23,14 +23,17 @@ PLANS = 20
 # acceptance bounds of the fidelity issue: median and worst absolute time error, median
 # absolute memory error, and the rank correlation the benchmark aims at
 TIME_MEDIAN, TIME_WORST, MEMORY_MEDIAN, RANK = 0.03, 0.10, 0.05, 0.95
-# Measured (time median / worst, memory median / worst, rank correlation): GPT 4 0.8 % /
-# 3.5 %, 1.5 % / 5.5 %, 0.997; GPT 2x2 2.3 % / 4.8 %, 1.7 % / 6.1 %, 0.998; LLaMA 4 0.1 % /
-# 3.1 %, 2.4 % / 5.5 %, 0.991; BERT 4 0.9 % / 3.9 %, 1.4 % / 2.7 %, 0.995. The worst memory
-# errors are frontier plans 5-6 % low, where the step fuses a layer's residual sum into the
-# next layer's fusions and keeps its two addends, gathered, instead of the sharded sum each
-# segment program keeps. (Before memory followed the step's order, LLaMA's random plans were
-# up to 9.5 % high: an early layer's working set was added to every layer's saved
-# activations.)
+# Measured at PROGRAM_VERSION transposed-18 (time median / worst, memory median / worst, rank
+# correlation): GPT 4 0.9 % / 3.9 %, 1.9 % / 9.0 %, 0.998; GPT 2x2 1.4 % / 4.8 %, 2.1 % /
+# 3.2 %, 0.998; LLaMA 4 0.1 % / 8.1 %, 2.2 % / 5.5 %, 0.997; BERT 4 1.0 % / 8.8 %, 1.8 % /
+# 4.0 %, 1.000. The worst time errors are Megatron-like frontier plans predicted low by one
+# all-reduce latency (LLaMA's N,K,N,K,N,K,N,K,M: 20 us of a 247 us step): the profiles count
+# every combinable all-reduce (one that only feeds the step's results) in one bucket per mesh
+# group, and this step's combiner emits two. The worst memory errors are GPT frontier plans
+# 5-9 % low, where the step fuses a layer's residual sum into the next layer's fusions and
+# keeps its two addends, gathered, instead of the sharded sum each segment program keeps.
+# (Before memory followed the step's order, LLaMA's random plans were up to 9.5 % high: an
+# early layer's working set was added to every layer's saved activations.)
 
 
 @cache
