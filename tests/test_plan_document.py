@@ -1,9 +1,12 @@
 """The typed plan and its JSON form: plan files read into `Plan` and write back unchanged.
 
 tests/golden/plans/ holds plans of a small MLP (mesh 4, a100-pcie-8) for the CFP solver and
-every baseline, written by the explorer before plans were typed (when a plan was its JSON
-dict). Reading one and writing it again gives the same bytes, so plan files and evaluation
-caches (keyed by a digest of the JSON) stay valid.
+every baseline. The first set was written by the explorer before plans were typed (when a plan
+was its JSON dict; commit 8faa9e5); the files were written again at PROGRAM_VERSION
+transposed-18, in the same format, because the engine's plans changed: the MLP's weights are
+square, their gradients' transposed dots are no longer block-owned, and the CFP plan went
+from data parallel to N@x, K@x. Reading one and writing it again gives the same bytes, so
+plan files and evaluation caches (keyed by a digest of the JSON) stay valid.
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ def _made_plans() -> dict[str, Plan]:
 
 
 @pytest.mark.parametrize("source", SOURCES)
-def test_a_made_plan_round_trips_and_writes_what_the_untyped_plan_wrote(
+def test_a_made_plan_round_trips_and_writes_what_its_golden_file_holds(
     source: str, tmp_path: Path
 ) -> None:
     plan = _made_plans()[source]
