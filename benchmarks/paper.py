@@ -223,7 +223,7 @@ def _block_difference(analysis: Any, cfp: Any, other: Any) -> str:
     if other.per_op:
         return _per_op_difference(analysis, cfp, other)
     pairs = Counter(
-        (block.scope, mine, theirs)
+        f"{block.scope}: {mine} (CFP) vs {theirs}"
         for block, mine, theirs in zip(cfp.blocks, cfp.strategies, other.strategies, strict=True)
         if mine != theirs
     )
@@ -243,7 +243,7 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
 
     projections = project_onto_blocks(analysis.graph, analysis.blocks, other)
     differ = Counter(
-        (p.scope, choice.strategy, p.strategy_name)
+        f"{p.scope}: {choice.strategy} (CFP) vs {p.strategy_name}"
         for p, choice in zip(projections, cfp.blocks, strict=True)
         if p.exact and p.strategy_name != choice.strategy
     )
@@ -261,9 +261,7 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
     if inside:
         parts.append(
             f"{sum(inside.values())} blocks as no strategy (the plan reshards inside them): "
-            + ", ".join(
-                f"{what}" + (f" x{n}" if n > 1 else "") for what, n in inside.most_common(6)
-            )
+            + _listed(inside)
         )
     selection = select(analysis.cost_model, closest_selection(projections))
     if isinstance(selection, str):
@@ -278,13 +276,10 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
     return "; ".join(parts)
 
 
-def _listed(pairs: Counter[tuple[str, str, str]]) -> str:
-    """The six commonest (scope, CFP's, theirs) triples, with how many blocks each."""
-    listed = ", ".join(
-        f"{scope}: {mine} (CFP) vs {theirs}" + (f" x{n}" if n > 1 else "")
-        for (scope, mine, theirs), n in pairs.most_common(6)
-    )
-    more = len(pairs) - 6
+def _listed(differences: Counter[str]) -> str:
+    """The six commonest block differences, with how many blocks each."""
+    listed = ", ".join(what + (f" x{n}" if n > 1 else "") for what, n in differences.most_common(6))
+    more = len(differences) - 6
     return listed + (f", and {more} more" if more > 0 else "")
 
 

@@ -323,14 +323,6 @@ class _State:
             for vid in fwd.outputs:
                 if vid in draft.layouts:
                     candidates[self.graph.values[vid].type.shape].append(draft.layouts[vid])
-        # What the block knows of the op's operands: the values it owns, and the layouts
-        # its head wants of its operands (the saved activation a weight's gradient reads).
-        known = {vid: layout for _, _, vid, layout in draft.operands}
-        known.update(
-            (vid, layout)
-            for vid, layout in draft.layouts.items()
-            if self.value_owner.get(vid) == draft.index
-        )
         for result, vid in enumerate(op.outputs):
             found = candidates.get(self.graph.values[vid].type.shape, [])
             if not found or any(f != found[0] for f in found):
@@ -339,19 +331,17 @@ class _State:
             # of its dot transposed ([out, in] before the `transpose`), the weight's shape,
             # split on the other dim. Where the op's operands put the split elsewhere, the
             # value is left to placement's follow rule, which maps it through the op.
-            if self._agrees_with_operands(op, result, found[0], known):
+            if self._agrees_with_operands(draft, op, result, found[0]):
                 self._own(draft, vid, dict(found[0]))
 
-    def _agrees_with_operands(
-        self, op: OpNode, result: int, layout: Layout, known: dict[int, Layout]
-    ) -> bool:
-        """Whether every split of a `known` operand lands where `layout` puts it (a split the
-        op cannot carry, e.g. a contracted one, must be absent from `layout`)."""
+    def _agrees_with_operands(self, draft: _Draft, op: OpNode, result: int, layout: Layout) -> bool:
+        """Whether every split of an operand the block knows lands where `layout` puts it (a
+        split the op cannot carry, e.g. a contracted one, must be absent from `layout`)."""
         maps = self.maps(op, result)
         if maps is None:
             return True  # nothing to check against: the shape is all we know
         for position, vid in enumerate(op.inputs):
-            source = known.get(vid)
+            source = self._known_layout(draft, vid)
             op_map = maps[position] if position < len(maps) else None
             if source is None or op_map is None:
                 continue
@@ -359,6 +349,17 @@ class _State:
                 if layout.get(role) != op_map.split_target(dim, self.parts):
                     return False
         return True
+
+    def _known_layout(self, draft: _Draft, vid: int) -> Layout | None:
+        """What the block knows of a value: the layout it owns it in, else the one its head
+        wants of it (the saved activation a weight's gradient reads)."""
+        if self.value_owner.get(vid) == draft.index and vid in draft.layouts:
+            return draft.layouts[vid]
+        wanted = None
+        for _, _, operand, layout in draft.operands:
+            if operand == vid:
+                wanted = layout  # the last, as a dict built from the list would keep
+        return wanted
 
     # -- bookkeeping ----------------------------------------------------------------------
 
