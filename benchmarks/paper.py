@@ -236,8 +236,9 @@ def _block_difference(analysis: Any, cfp: Any, other: Any) -> str:
 
 def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
     """A per-op plan through the block space: the blocks it lays out as another strategy
-    than CFP's, the blocks no strategy lays out as it does (it reshards inside them), and
-    its nearest block plan priced by the cost model beside CFP's."""
+    than CFP's, the blocks it lays out as a strategy the space does not offer, the blocks no
+    split lays out as it does (it reshards inside them), and its nearest offered block plan
+    priced by the cost model beside CFP's."""
     from explorer.explain import closest_selection, project_onto_blocks
     from explorer.explain.counterfactual import select
 
@@ -247,10 +248,15 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
         for p, choice in zip(projections, cfp.blocks, strict=True)
         if p.exact and p.strategy_name != choice.strategy
     )
+    unoffered = Counter(
+        f"{p.scope}: {p.unoffered} (CFP {choice.strategy})"
+        for p, choice in zip(projections, cfp.blocks, strict=True)
+        if not p.exact and p.unoffered is not None
+    )
     inside = Counter(
         f"{p.scope} (closest {p.strategy_name}: {p.agreeing} of {p.values} values)"
         for p in projections
-        if not p.exact
+        if not p.exact and p.unoffered is None
     )
     parts = [
         f"per-op plan; {sum(p.exact for p in projections)} of {len(projections)} blocks are "
@@ -258,6 +264,11 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
     ]
     if differ:
         parts.append(f"{sum(differ.values())} of them differ from CFP's: {_listed(differ)}")
+    if unoffered:
+        parts.append(
+            f"{sum(unoffered.values())} blocks as a strategy the block space does not offer: "
+            + _listed(unoffered)
+        )
     if inside:
         parts.append(
             f"{sum(inside.values())} blocks as no strategy (the plan reshards inside them): "

@@ -143,9 +143,10 @@ def evaluate_on(
 
 def _program_digest(plan: Plan) -> str:
     """What decides the compiled step: the plan's layouts, how programs are built, JAX."""
-    from explorer.profile.runner import PROGRAM_VERSION
+    from explorer.profile.runner import program_version
 
-    return f"{layout_digest(plan_to_json(plan))}:{PROGRAM_VERSION}:jax-{jax.__version__}"
+    version = program_version(plan.mesh)
+    return f"{layout_digest(plan_to_json(plan))}:{version}:jax-{jax.__version__}"
 
 
 def _kept_evaluations(

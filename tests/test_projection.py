@@ -8,7 +8,7 @@ from helpers import traced
 import explorer as ex
 from explorer.errors import PlanError
 from explorer.explain import closest_selection, project_onto_blocks
-from explorer.ir import Config
+from explorer.ir import Config, DimRole, Strategy
 from explorer.layouts import place
 from explorer.plan_build import make_layout_plan
 from explorer.space import dim_axes
@@ -84,6 +84,22 @@ def test_a_layout_no_strategy_gives_makes_its_block_inexact_by_one_value(
     inexact = [p for p in projections if not p.exact]
     assert [p.block for p in inexact] == [block.index]
     assert inexact[0].agreeing == inexact[0].values - 1
+    assert inexact[0].unoffered is None, "one value moved alone: a reshard inside the block"
+
+
+def test_a_block_laid_out_by_a_split_the_space_leaves_out_names_that_split() -> None:
+    # on 2x2 the space pins the batch to the outer axis: N over both axes is not offered
+    step, args, _ = traced("gpt")
+    analysis = ex.analyze(step, *args, mesh=(2, 2), profile=False)
+    chosen = (0,) * len(analysis.blocks)
+    block = next(b for b in analysis.blocks if DimRole.N in b.roles)
+    both = Strategy(((DimRole.N, ("x", "y")),))
+    assert both.name not in [s.name for s in block.strategies]
+    edit = {v.value: dim_axes(analysis.graph, v, both) for v in block.layouts}
+    plan = _per_op_plan_of(analysis, chosen, edit)
+    projections = project_onto_blocks(analysis.graph, analysis.blocks, plan)
+    inexact = [p for p in projections if not p.exact]
+    assert [(p.block, p.unoffered) for p in inexact] == [(block.index, "N@x+y")]
 
 
 def test_a_plan_of_block_strategies_only_is_refused(gpt: ex.SegmentedStep) -> None:

@@ -1,20 +1,27 @@
 """A per-op plan (the Alpa-style ILP) seen through the block space.
 
 For each ParallelBlock, the strategy that lays out every value of the block as the per-op
-plan does, or, where no strategy does, the one that agrees on the most values: the per-op
-plan then changes layout inside the block, which the block space cannot express (a
-ParallelBlock is communication-free by construction). `closest_selection` gives the blocks'
-strategies to the cost model, so that the per-op plan's nearest block plan can be priced
-from the profiles beside the plan CFP chose.
+plan does, or, where no strategy does, the one that agrees on the most values. A block no
+offered strategy matches is one of two things:
+
+- **a strategy the space leaves out**: one split of the head's roles lays out every value as
+  the per-op plan does (on a 2-D mesh, N over both axes where the space pins the batch to
+  the outer one); `unoffered` names it;
+- **a reshard inside the block**: no split of the roles does, so the per-op plan changes
+  layout between the block's ops, which no ParallelBlock (communication-free by
+  construction) can express.
+
+`closest_selection` gives the blocks' strategies to the cost model, so that the per-op
+plan's nearest block plan can be priced from the profiles beside the plan CFP chose.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from explorer.errors import PlanError
-from explorer.ir import DimAxes, Graph, ParallelBlock
+from explorer.ir import DimAxes, DimRole, Graph, ParallelBlock, Strategy
 from explorer.plan_types import Plan
 from explorer.space import dim_axes
 
@@ -29,6 +36,9 @@ class BlockProjection:
     strategy_name: str
     agreeing: int  # values of the block the strategy lays out as the per-op plan does
     values: int  # values of the block
+    # where no offered strategy is exact: the split of the head's roles that lays out every
+    # value as the per-op plan does, if one does (None: the plan reshards inside the block)
+    unoffered: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -57,6 +67,8 @@ def project_onto_blocks(
             for strategy in block.strategies
         ]
         best = max(range(len(agreeing)), key=lambda i: (agreeing[i], -i))
+        exact = agreeing[best] == len(block.layouts)
+        implied = None if exact else _implied_strategy(graph, block, layout)
         projections.append(
             BlockProjection(
                 block=block.index,
@@ -65,9 +77,34 @@ def project_onto_blocks(
                 strategy_name=block.strategies[best].name,
                 agreeing=agreeing[best],
                 values=len(block.layouts),
+                unoffered=None if implied is None else implied.name,
             )
         )
     return tuple(projections)
+
+
+def _implied_strategy(
+    graph: Graph, block: ParallelBlock, layout: Callable[[int], DimAxes]
+) -> Strategy | None:
+    """The split of the block's roles that lays out every value of the block as `layout`
+    does, or None where none does. A dim only one role lands on tells that role's axes."""
+    role_axes: dict[DimRole, tuple[str, ...]] = {}
+    for value in block.layouts:
+        laid_out = layout(value.value)
+        for role, dim in value.dims:
+            if sum(d == dim for _, d in value.dims) != 1:
+                continue  # two roles merged on one dim: their axes cannot be told apart here
+            if role_axes.setdefault(role, laid_out[dim]) != laid_out[dim]:
+                return None
+    strategy = Strategy(
+        tuple((role, role_axes[role]) for role in block.roles if role_axes.get(role))
+    )
+    used = [axis for _, axes in strategy.assignment for axis in axes]
+    if len(used) != len(set(used)):
+        return None  # two roles on one mesh axis: not a partition of the devices
+    if all(dim_axes(graph, value, strategy) == layout(value.value) for value in block.layouts):
+        return strategy
+    return None
 
 
 def closest_selection(projections: Sequence[BlockProjection]) -> tuple[int, ...]:

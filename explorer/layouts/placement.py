@@ -9,10 +9,10 @@ sharding propagation that the cost model has not seen (DESIGN, method step 3):
   the layout that instance's first block wants (cotangents the other way round). The move in
   between is exactly what the resharding programs price (T_R).
 - **The follow rule.** An op outside every block takes the layout of one operand (the
-  *leader*: one that is split, then the deepest, then the largest) mapped through the op's
-  affine map (`affine.split_target`); a split the op cannot carry is gathered first; a split
-  of a reduced dim leaves partial sums that are all-reduced. Its other operands are read in
-  the layout its result implies (`affine.split_source`).
+  *leader*: one that is split, then split over the most devices, then the deepest, then the
+  largest) mapped through the op's affine map (`affine.split_target`); a split the op cannot
+  carry is gathered first; a split of a reduced dim leaves partial sums that are all-reduced.
+  Its other operands are read in the layout its result implies (`affine.split_source`).
 - **Pulled splits.** An op outside blocks whose operands are all replicated, and whose
   readers all read its result split one way, computes only that split (`pull_replicated`):
   slicing a replicated tensor moves nothing (a loss's one-hot of replicated labels).
@@ -239,11 +239,14 @@ class _Walk:
         self._read_as_result_implies(op, leader=leader)
 
     def _leader(self, op: OpNode) -> int | None:
-        """The operand whose layout the op follows: a split one first, then the deepest."""
+        """The operand whose layout the op follows: a split one first, then the one split
+        over the most devices (on a 2-D mesh, a weight-gradient dot follows the saved
+        activation split on both axes rather than a cotangent split on one, which would
+        gather the activation), then the deepest, then the largest."""
         maps = self._maps(op)
         if maps is None:
             return None
-        best: tuple[tuple[int, int, int, int], int] | None = None
+        best: tuple[tuple[int, int, int, int, int], int] | None = None
         for position, vid in enumerate(op.inputs):
             tt = self.graph.values[vid].type
             if tt.rank == 0 or position >= len(maps) or maps[position] is None:
@@ -253,10 +256,15 @@ class _Walk:
             producer = self.graph.values[vid].producer
             depth = -1 if producer is None else self.graph.ops[producer].depth
             split = int(self._split(op, position))
-            key = (split, depth, tt.nbytes, -position)
+            key = (split, self._shards(op, position), depth, tt.nbytes, -position)
             if best is None or key > best[0]:
                 best = (key, position)
         return None if best is None else best[1]
+
+    def _shards(self, op: OpNode, position: int) -> int:
+        """How many pieces operand `position` is read in (1: replicated)."""
+        dims = self._reading(op, position) or ()
+        return self.mesh.axes_size(tuple(axis for axes in dims for axis in axes))
 
     def _split(self, op: OpNode, position: int) -> bool:
         dims = self._reading(op, position)

@@ -49,6 +49,18 @@ from explorer.space import (
 # in the working set, tie-11's bf16 cotangent ordering, owners-10's step inputs held where
 # they are updated): profiles made the old way are then not reused.
 PROGRAM_VERSION = "transposed-18"
+# Bump instead when a change can only alter programs on meshes of several axes: the 1-D
+# programs are then the same, and their profiles (often hours of compiling) stay valid.
+# leader-19: an op outside blocks follows the operand split over the most devices, so a 2-D
+# weight-gradient dot follows the saved activation (split on both axes), not the cotangent.
+MULTI_AXIS_VERSION = "leader-19"
+
+
+def program_version(mesh: MeshSpec) -> str:
+    """The version of the programs built on `mesh` (a key part of profiles and evaluations)."""
+    if len(mesh.axes) == 1:
+        return PROGRAM_VERSION
+    return f"{PROGRAM_VERSION}+{MULTI_AXIS_VERSION}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +137,7 @@ class _Context:
             contexts = tuple(
                 itertools.product(*(range(len(blocks[b].strategies)) for b in depends))
             )
-            program_hash = f"{_ops_digest(self.graph, instance.ops)}:{PROGRAM_VERSION}"
+            program_hash = f"{_ops_digest(self.graph, instance.ops)}:{program_version(self.mesh)}"
             for choices, context in itertools.product(space, contexts):
                 names = configuration_name(
                     blocks, instance.blocks, tuple(choices), depends, context
@@ -210,7 +222,7 @@ class _Context:
                     label=label,
                     choices=(last, first),
                     config=f"{name_last}->{name_first}",
-                    key=self.key(f"reshard:{digest}", "moves", PROGRAM_VERSION),
+                    key=self.key(f"reshard:{digest}", "moves", program_version(self.mesh)),
                     build=self._reshard_builder(boundary, last, first),
                     free=not signature,
                 )

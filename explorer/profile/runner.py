@@ -46,7 +46,7 @@ from explorer.profile.backends import (
 )
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
 from explorer.profile.compile_workers import CompileFailed, CompileWorkers
-from explorer.profile.jobs import PROGRAM_VERSION, _Built, _Context, _Job
+from explorer.profile.jobs import PROGRAM_VERSION, _Built, _Context, _Job, program_version
 from explorer.profile.profiles import COLUMNS, Profile, Profiles
 from explorer.profile.records import (
     _infeasible,
@@ -74,6 +74,7 @@ __all__ = [
     "distinct_programs",
     "own_config",
     "profile_all",
+    "program_version",
     "reprice",
 ]
 
