@@ -201,6 +201,9 @@ def composed_collectives(analysis: Analysis, selection: tuple[int, ...]) -> tupl
     boundary's resharding program's, as the profiles recorded them."""
     import json
 
+    from explorer.profile.hlo import emitted as emitted_parts
+    from explorer.profile.records import collective_from_json
+
     model = analysis.cost_model  # a SegmentedStep has none: a NotProfiledError names it
     profiles = analysis.profile_records
     out: list[Emitted] = []
@@ -208,8 +211,7 @@ def composed_collectives(analysis: Analysis, selection: tuple[int, ...]) -> tupl
     def emitted(found: list[Any]) -> None:
         if len(found) != 1:
             raise AnalysisError(f"expected one profile, found {len(found)}")
-        for c in json.loads(found[0].collectives):
-            out.append((c["kind"], int(c["bytes"]), tuple(c["axes"]), int(c["group"])))
+        out.extend(emitted_parts(collective_from_json(c) for c in json.loads(found[0].collectives)))
 
     segments, reshards = profiles.segments, profiles.reshards
     instances = analysis.segments.instances

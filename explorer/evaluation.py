@@ -101,6 +101,7 @@ def evaluate_on(
         measure,
         price_compiled,
     )
+    from explorer.profile.hlo import emitted
 
     kind = Backend(backend)
     targets = {given: resolve_platform(given, "evaluate_on: platforms") for given in platforms}
@@ -130,9 +131,7 @@ def evaluate_on(
             t_comp=priced.t_comp,
             memory=priced.memory,
             collectives=len(priced.collectives),
-            emitted=tuple(
-                (c.kind.value, c.nbytes, c.axes, c.group_size) for c in priced.collectives
-            ),
+            emitted=emitted(priced.collectives),
         )
     store = active_store()
     if store is not None and kind is Backend.COMPILED:

@@ -108,6 +108,50 @@ def test_combined_all_reduce_is_one_collective_with_the_summed_bytes() -> None:
     assert both.axes == ("x",) and both.group_size == 4
 
 
+def test_a_gradient_kept_as_each_devices_slice_is_priced_as_a_reduce_scatter() -> None:
+    # FSDP in miniature: batch split, weights sharded, each device updating its own slice.
+    # The CPU pipeline all-reduces the whole gradient and slices it; a GPU pipeline makes
+    # that a reduce-scatter (half a ring all-reduce's traffic), and so does our pricing.
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    batch, sharded = NamedSharding(mesh, P("x")), NamedSharding(mesh, P("x"))
+
+    def update(w1: jax.Array, w2: jax.Array, x: jax.Array) -> Any:
+        loss = lambda a, b: jnp.sum(jnp.tanh(x @ a) @ b)  # noqa: E731
+        g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
+        return w1 - 0.1 * g1, w2 - 0.1 * g2, loss(w1, w2)
+
+    def compiled(weights: NamedSharding) -> Any:
+        return (
+            jax.jit(
+                update,
+                in_shardings=(weights, weights, batch),
+                out_shardings=(weights, weights, None),
+            )
+            .lower(jnp.ones((16, 32)), jnp.ones((32, 8)), jnp.ones((8, 16)))
+            .compile()
+        )
+
+    spec = mesh_spec((4,))
+    found = parse_collectives(compiled(sharded).as_text(), spec)
+    scattered = [c for c in found if c.scattered_bytes]
+    assert scattered, "the sharded weights' gradients are read only as each device's slice"
+    for c in scattered:  # the loss's sum is wanted whole everywhere: still all-reduced
+        assert not any(s for s, (_, dims) in zip(c.scattered, c.shapes, strict=True) if not dims)
+    platform = load_platform("a100-pcie-8")
+    for c in scattered:
+        group = platform.group_devices(c.axes, spec)
+        kept = c.nbytes - c.scattered_bytes
+        expected = platform.collective_time(CollectiveKind.REDUCE_SCATTER, c.scattered_bytes, group)
+        if kept:
+            expected += platform.collective_time(CollectiveKind.ALL_REDUCE, kept, group)
+        assert platform.price(c, spec) == pytest.approx(expected, rel=1e-12)
+    # replicated weights need the whole gradient on every device: a true all-reduce
+    replicated = NamedSharding(mesh, P())
+    assert not any(
+        c.scattered_bytes for c in parse_collectives(compiled(replicated).as_text(), spec)
+    )
+
+
 def test_replica_groups_on_a_two_by_four_mesh_map_to_their_axes() -> None:
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
 

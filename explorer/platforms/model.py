@@ -278,14 +278,16 @@ class Platform:
 
         A group smaller than its spanned axes (a sub-range of an axis) takes the first
         `group_size` devices along them. A permute keeps the whole spanned group: its pairs
-        cross a node boundary whenever the spanned devices do.
+        cross a node boundary whenever the spanned devices do. An all-reduce is priced as
+        its `Collective.parts`.
         """
         group = self.group_devices(collective.axes, mesh)
         if collective.kind is not CollectiveKind.COLLECTIVE_PERMUTE and (
             1 <= collective.group_size < len(group)
         ):
             group = group[: collective.group_size]
-        return self.collective_time(collective.kind, collective.nbytes, group)
+        # an all-reduce a GPU pipeline would issue partly as a reduce-scatter: both parts
+        return sum(self.collective_time(kind, nbytes, group) for kind, nbytes in collective.parts())
 
     def peak_flops(self, dtype: str) -> float:
         """Dense FLOP/s of the device's `dtype` dots; an error names what to add if missing."""

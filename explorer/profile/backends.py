@@ -90,6 +90,7 @@ class ProgramProfile:
                     "op": c.op_names[0] if c.op_names else "",
                     "elements": len(c.shapes),
                     "combinable": c.fully_combinable,
+                    "scattered": c.scattered_bytes,
                 }
                 for c in self.collectives
             ]

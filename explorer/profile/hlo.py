@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -39,10 +40,35 @@ class Collective:
     # per result element: it reaches only the step's results (see `terminal_outputs`), so the
     # compiler may combine it with collectives of other segments into one
     combinable: tuple[bool, ...] = ()
+    # bytes of the all-reduce's elements that every reader reads as its own device's slice:
+    # a GPU pipeline issues those as a reduce-scatter (see `parts`)
+    scattered_bytes: int = 0
+    scattered: tuple[bool, ...] = ()  # per result element, where the HLO was read
 
     @property
     def fully_combinable(self) -> bool:
-        return bool(self.combinable) and all(self.combinable)
+        """Every element the collective still all-reduces reaches only the step's results."""
+        if not self.combinable:
+            return False
+        scattered = self.scattered or (False,) * len(self.combinable)
+        kept = [c for c, s in zip(self.combinable, scattered, strict=True) if not s]
+        return bool(kept) and all(kept)
+
+    def parts(self) -> tuple[tuple[CollectiveKind, int], ...]:
+        """(kind, bytes) of what an accelerator's pipeline issues for this collective.
+
+        XLA's GPU pipeline runs `ReduceScatterCreator` after partitioning: an all-reduce read
+        only through each device's own slice (a sharded parameter's gradient, as FSDP makes)
+        becomes a reduce-scatter, moving half the bytes of a ring all-reduce. The CPU pipeline
+        this backend compiles with has no such pass, so those elements are priced here as the
+        reduce-scatter they would be. (The CPU's buffers still hold them whole: memory is not
+        corrected.)
+        """
+        if not self.scattered_bytes:
+            return ((self.kind, self.nbytes),)
+        kept = self.nbytes - self.scattered_bytes
+        reduced = ((CollectiveKind.ALL_REDUCE, kept),) if kept else ()
+        return (*reduced, (CollectiveKind.REDUCE_SCATTER, self.scattered_bytes))
 
     @property
     def is_backward(self) -> bool:
@@ -82,7 +108,7 @@ def parse_collectives(
     depends on it: in the whole step the compiler's all-reduce combiner merges it with the
     like elements of other segments. Such elements are marked `combinable`.
     """
-    flow = _Dataflow(hlo) if terminal_outputs is not None else None
+    flow = _Dataflow(hlo)
     gte_names: dict[str, dict[int, str]] = {}
     for gte in _GTE.finditer(hlo):
         gte_names.setdefault(gte["source"], {})[int(gte["index"])] = gte["op"]
@@ -100,15 +126,45 @@ def parse_collectives(
         if suffix == "-done":
             attrs = starts.get(match["args"].strip().lstrip("%"), attrs) + attrs
         collective = _collective(match, attrs, gte_names, mesh)
-        if flow is not None and collective.kind is CollectiveKind.ALL_REDUCE:
-            assert terminal_outputs is not None
-            combinable = tuple(
-                flow.terminal(match["name"], element, len(collective.shapes), terminal_outputs)
-                for element in range(len(collective.shapes))
-            )
-            collective = replace(collective, combinable=combinable)
+        if collective.kind is CollectiveKind.ALL_REDUCE:
+            collective = _with_scattered(collective, flow)
+            if terminal_outputs is not None:
+                combinable = tuple(
+                    flow.terminal(match["name"], element, len(collective.shapes), terminal_outputs)
+                    for element in range(len(collective.shapes))
+                )
+                collective = replace(collective, combinable=combinable)
         found.append(collective)
     return tuple(found)
+
+
+def emitted(collectives: Iterable[Collective]) -> tuple[tuple[str, int, tuple[str, ...], int], ...]:
+    """(kind, bytes, axes, group size) of every part of `collectives` (`Collective.parts`):
+    what the step is priced as emitting."""
+    return tuple(
+        (kind.value, nbytes, c.axes, c.group_size)
+        for c in collectives
+        for kind, nbytes in c.parts()
+    )
+
+
+def _with_scattered(collective: Collective, flow: _Dataflow) -> Collective:
+    """Mark the elements of an all-reduce that every reader reads as its own device's slice."""
+    elements = len(collective.shapes)
+    scattered = tuple(
+        flow.read_as_own_slice(
+            collective.name, element, elements, math.prod(dims), collective.group_size
+        )
+        for element, (_dtype, dims) in enumerate(collective.shapes)
+    )
+    if not any(scattered):
+        return collective
+    nbytes = sum(
+        _DTYPE_BYTES.get(dtype, 4) * math.prod(dims)
+        for (dtype, dims), s in zip(collective.shapes, scattered, strict=True)
+        if s
+    )
+    return replace(collective, scattered=scattered, scattered_bytes=nbytes)
 
 
 _DEFINITION = re.compile(r"^\s*(?P<root>ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<rest>.*)$")
@@ -122,9 +178,12 @@ class _Dataflow:
 
     def __init__(self, hlo: str) -> None:
         self.users: dict[str, list[str]] = {}
+        self.operands: dict[str, list[str]] = {}
         self.opcode: dict[str, str] = {}
         self.index: dict[str, int] = {}  # get-tuple-element -> element index
+        self.size: dict[str, int | None] = {}  # elements of the result (None: a tuple)
         self.root_operands: list[str] = []
+        self._device_values: set[str] | None = None
         in_entry = False
         for line in hlo.splitlines():
             if line.startswith("ENTRY"):
@@ -139,14 +198,65 @@ class _Dataflow:
             self.opcode[name] = opcode["op"] if opcode else ""
             head = rest.split("), ", 1)[0]  # operands, before the attributes
             operands = _REFERENCE.findall(head)
+            self.operands[name] = operands
             for operand in operands:
                 self.users.setdefault(operand, []).append(name)
+            shape = rest.split(" ", 1)[0]
+            dims = _SHAPE.fullmatch(shape.split("{", 1)[0])
+            self.size[name] = (
+                None if dims is None else math.prod(int(d) for d in dims["dims"].split(",") if d)
+            )
             if self.opcode[name] == "get-tuple-element":
                 found = _INDEX.search(rest)
                 if found:
                     self.index[name] = int(found[1])
             if in_entry and match["root"]:
                 self.root_operands = operands if self.opcode[name] == "tuple" else [name]
+
+    def _by_device(self) -> set[str]:
+        """Small values computed from the device's id (offsets of its own slice)."""
+        if self._device_values is None:
+            found = {n for n, op in self.opcode.items() if op in ("partition-id", "replica-id")}
+            pending = list(found)
+            while pending:
+                for user in self.users.get(pending.pop(), []):
+                    size = self.size.get(user)
+                    if user not in found and size is not None and size <= _OFFSET_TABLE:
+                        found.add(user)
+                        pending.append(user)
+            self._device_values = found
+        return self._device_values
+
+    def read_as_own_slice(
+        self, name: str, element: int, elements: int, size: int, group_size: int
+    ) -> bool:
+        """Whether every reader of element `element` of `name` takes a 1/`group_size` slice
+        of it at an offset computed from the device's id (through bitcasts and copies)."""
+        if group_size < 2 or size % group_size:
+            return False
+        readers = self.users.get(name, [])
+        if elements > 1:  # a tuple result: the readers of this element's get-tuple-elements
+            readers = [
+                r for g in readers if self.index.get(g) == element for r in self.users.get(g, [])
+            ]
+        device = self._by_device()
+        pending, seen = list(readers), set()
+        while pending:
+            reader = pending.pop()
+            if reader in seen:
+                continue
+            seen.add(reader)
+            if (
+                self.opcode.get(reader) in ("bitcast", "copy", "reshape")
+                and self.size.get(reader) == size
+            ):
+                pending.extend(self.users.get(reader, []))
+                continue
+            if self.size.get(reader) != size // group_size:
+                return False
+            if not any(operand in device for operand in self.operands.get(reader, [])):
+                return False
+        return bool(seen)
 
     def terminal(self, name: str, element: int, elements: int, outputs: frozenset[int]) -> bool:
         """Whether element `element` of instruction `name` reaches only entry results in
@@ -173,6 +283,9 @@ class _Dataflow:
 
 
 _COLLECTIVE_OPCODES = frozenset(k.value for k in CollectiveKind)
+# the most elements a value computed from the device's id may have and still count as an
+# offset (the partitioner's per-device offset tables hold one entry per device)
+_OFFSET_TABLE = 4096
 
 
 def _collective(

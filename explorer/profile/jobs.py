@@ -39,7 +39,9 @@ from explorer.space import (
 )
 
 # Bump when the way programs are built changes (what is constrained, where), or what their
-# profile rows hold (transposed-18: a square weight's gradient, made transposed by its dot, is
+# profile rows hold (scattered-19: an all-reduce read only as each device's own slice is
+# priced as the reduce-scatter a GPU pipeline makes of it, `hlo.Collective.parts`; rows keep
+# its scattered bytes; transposed-18: a square weight's gradient, made transposed by its dot, is
 # no longer given the weight's layout by its shape alone; constants-17: values made from
 # constants alone that the backward part reads held once per type, not saved by every
 # instance; reuse-16: random bits lowered elementwise as accelerators lower them, not in the
@@ -48,7 +50,7 @@ from explorer.space import (
 # handed-on gradients apart from the whole-step memory, on top of passing-12's passed tensors
 # in the working set, tie-11's bf16 cotangent ordering, owners-10's step inputs held where
 # they are updated): profiles made the old way are then not reused.
-PROGRAM_VERSION = "transposed-18"
+PROGRAM_VERSION = "scattered-19"
 # Bump instead when a change can only alter programs on meshes of several axes: the 1-D
 # programs are then the same, and their profiles (often hours of compiling) stay valid.
 # leader-19: an op outside blocks follows the operand split over the most devices, so a 2-D

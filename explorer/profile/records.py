@@ -109,7 +109,7 @@ def _profile(job: _Job, record: ProfileRecord, context: _Context, was_cached: bo
     return ReshardProfile(before=before, after=after, last=last, first=first, **priced)
 
 
-def _collective(entry: dict[str, Any], nbytes: int | None = None) -> Collective:
+def collective_from_json(entry: dict[str, Any], nbytes: int | None = None) -> Collective:
     return Collective(
         kind=CollectiveKind(entry["kind"]),
         name="",
@@ -118,12 +118,15 @@ def _collective(entry: dict[str, Any], nbytes: int | None = None) -> Collective:
         group_size=int(entry["group"]),
         axes=tuple(entry["axes"]),
         op_names=(entry.get("op", ""),),
+        scattered_bytes=int(entry.get("scattered", 0)) if nbytes is None else 0,
     )
 
 
 def reprice(record: ProfileRecord, platform: Any, mesh: MeshSpec) -> tuple[float, float]:
     """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost."""
-    t_comm = sum(platform.price(_collective(c), mesh) for c in json.loads(record.collectives))
+    t_comm = sum(
+        platform.price(collective_from_json(c), mesh) for c in json.loads(record.collectives)
+    )
     dots = tuple(json.loads(record.dot_flops or "{}").items())
     return t_comm, compute_time(platform, dots, record.flops, record.bytes_accessed)
 
@@ -141,7 +144,7 @@ def combinable_latency(
     for entry in json.loads(collectives):
         if not entry.get("combinable"):
             continue
-        latency = platform.price(_collective(entry, nbytes=0), mesh)
+        latency = platform.price(collective_from_json(entry, nbytes=0), mesh)
         saved += latency
         key = f"{entry['kind']}@{'+'.join(entry['axes'])}/{entry['group']}"
         count, _ = groups.get(key, (0, latency))
