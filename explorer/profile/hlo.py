@@ -127,7 +127,13 @@ def parse_collectives(
             attrs = starts.get(match["args"].strip().lstrip("%"), attrs) + attrs
         collective = _collective(match, attrs, gte_names, mesh)
         if collective.kind is CollectiveKind.ALL_REDUCE:
-            collective = _with_scattered(collective, flow)
+            # a whole step (no `terminal_outputs`): every result is the step's
+            results = (
+                terminal_outputs
+                if terminal_outputs is not None
+                else frozenset(range(len(flow.root_operands)))
+            )
+            collective = _with_scattered(collective, flow, results)
             if terminal_outputs is not None:
                 combinable = tuple(
                     flow.terminal(match["name"], element, len(collective.shapes), terminal_outputs)
@@ -148,13 +154,18 @@ def emitted(collectives: Iterable[Collective]) -> tuple[tuple[str, int, tuple[st
     )
 
 
-def _with_scattered(collective: Collective, flow: _Dataflow) -> Collective:
-    """Mark the elements of an all-reduce that every reader reads as its own device's slice."""
+def _with_scattered(collective: Collective, flow: _Dataflow, results: frozenset[int]) -> Collective:
+    """Mark the elements of an all-reduce that every reader reads as its own device's slice,
+    on their way to the step's results only: a sharded parameter's gradient, reduced for its
+    update. (An activation reduced and then sliced by the next segment's layout would be one
+    too, in the whole step; its segment program cannot see the slice, so the two would be
+    priced apart: such all-reduces stay all-reduces on both sides.)"""
     elements = len(collective.shapes)
     scattered = tuple(
         flow.read_as_own_slice(
             collective.name, element, elements, math.prod(dims), collective.group_size
         )
+        and flow.terminal(collective.name, element, elements, results)
         for element, (_dtype, dims) in enumerate(collective.shapes)
     )
     if not any(scattered):
@@ -230,8 +241,10 @@ class _Dataflow:
     def read_as_own_slice(
         self, name: str, element: int, elements: int, size: int, group_size: int
     ) -> bool:
-        """Whether every reader of element `element` of `name` takes a 1/`group_size` slice
-        of it at an offset computed from the device's id (through bitcasts and copies)."""
+        """Whether element `element` of `name` is only ever used as each device's own slice:
+        every path from it runs through ops of its own size (a convert, a sum with another
+        gradient) to one taking a 1/`group_size` slice at an offset computed from the
+        device's id. A reduce-scatter and the same ops on the slice then compute the same."""
         if group_size < 2 or size % group_size:
             return False
         readers = self.users.get(name, [])
@@ -246,11 +259,10 @@ class _Dataflow:
             if reader in seen:
                 continue
             seen.add(reader)
-            if (
-                self.opcode.get(reader) in ("bitcast", "copy", "reshape")
-                and self.size.get(reader) == size
-            ):
-                pending.extend(self.users.get(reader, []))
+            if self.opcode.get(reader, "").split("-start")[0] in _COLLECTIVE_OPCODES:
+                return False
+            if self.size.get(reader) == size and reader not in self.root_operands:
+                pending.extend(self.users.get(reader, []))  # still whole: follow it
                 continue
             if self.size.get(reader) != size // group_size:
                 return False
