@@ -152,6 +152,31 @@ def test_a_gradient_kept_as_each_devices_slice_is_priced_as_a_reduce_scatter() -
     )
 
 
+def test_fsdp_reduce_scatters_every_gradient_and_all_reduces_only_the_loss() -> None:
+    # a real step: Adam, a tied embedding whose gradient is summed whole before it is sliced
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    analysis = ex.analyze(step, *args, mesh=(4,), profile=False, progress=False)
+    for name, scatters in (("fsdp", True), ("dp", False), ("megatron", False)):
+        compiled = ex.apply_plan(analysis.baseline(name), step).lower(*args).compile()
+        reduces = [
+            c
+            for c in parse_collectives(compiled.as_text(), analysis.mesh)
+            if c.kind is CollectiveKind.ALL_REDUCE and c.is_backward
+        ]
+        gradients = [
+            (scattered, dims)
+            for c in reduces
+            for scattered, (_, dims) in zip(
+                c.scattered or (False,) * len(c.shapes), c.shapes, strict=True
+            )
+        ]
+        assert gradients, name
+        if scatters:  # every gradient is a reduce-scatter; the loss (a scalar) is summed whole
+            assert all(scattered == bool(dims) for scattered, dims in gradients), gradients
+        else:
+            assert not any(scattered for scattered, _ in gradients), name
+
+
 def test_replica_groups_on_a_two_by_four_mesh_map_to_their_axes() -> None:
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("x", "y"))
 
