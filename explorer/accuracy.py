@@ -201,30 +201,30 @@ def composed_collectives(analysis: Analysis, selection: tuple[int, ...]) -> tupl
     boundary's resharding program's, as the profiles recorded them."""
     import json
 
-    from explorer.profile.hlo import emitted as emitted_parts
+    from explorer.profile.hlo import emitted
     from explorer.profile.records import collective_from_json
 
     model = analysis.cost_model  # a SegmentedStep has none: a NotProfiledError names it
     profiles = analysis.profile_records
     out: list[Emitted] = []
 
-    def emitted(found: list[Any]) -> None:
+    def collect(found: list[Any]) -> None:
         if len(found) != 1:
             raise AnalysisError(f"expected one profile, found {len(found)}")
-        out.extend(emitted_parts(collective_from_json(c) for c in json.loads(found[0].collectives)))
+        out.extend(emitted(collective_from_json(c) for c in json.loads(found[0].collectives)))
 
     segments, reshards = profiles.segments, profiles.reshards
     instances = analysis.segments.instances
     for n, instance in enumerate(instances):
         option = model.options[n][selection[n]]
-        emitted(
+        collect(
             [p for p in segments if p.segment == instance.unique_id and p.config == option.name]
         )
         if n:
             before = model.options[n - 1][selection[n - 1]]
             pair = (instances[n - 1].unique_id, instance.unique_id)
             ends = (before.last, option.first)
-            emitted(
+            collect(
                 [r for r in reshards if (r.before, r.after) == pair and (r.last, r.first) == ends]
             )
     return tuple(out)

@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 import explorer as ex
 from explorer.blocks import build_blocks
@@ -53,3 +55,14 @@ def assert_trees_close(expected: Any, found: Any, rtol: float, atol: float) -> N
 
 def mesh_of(shape: tuple[int, ...]) -> MeshSpec:
     return mesh_spec(shape)
+
+
+def mlp_step(params: Any, opt_state: Any, x: jax.Array) -> Any:
+    """A training step of a two-layer MLP (`params`: `w_in`, `w_out`), SGD."""
+
+    def loss(p: Any) -> jax.Array:
+        return jnp.mean((jax.nn.relu(x @ p["w_in"]) @ p["w_out"]) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optax.sgd(0.1).update(grads, opt_state, params)
+    return value, optax.apply_updates(params, updates), opt_state

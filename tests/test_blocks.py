@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from helpers import analysed, layer_of
+from helpers import analysed, layer_of, mlp_step
 
 import explorer as ex
 from explorer.blocks import build_blocks
@@ -179,16 +179,6 @@ def test_a_weight_wanted_by_two_blocks_is_a_recorded_conflict() -> None:
     assert first is not None and first.dim_of(DimRole.N) == 1
 
 
-def _square_mlp_step(params: Any, opt_state: Any, x: jax.Array) -> Any:
-    def loss(p: Any) -> jax.Array:
-        h = jax.nn.relu(x @ p["w_in"])
-        return jnp.mean((h @ p["w_out"]) ** 2)  # w_out is square: its gradient's shape is its own
-
-    value, grads = jax.value_and_grad(loss)(params)
-    updates, opt_state = optax.sgd(0.1).update(grads, opt_state, params)
-    return value, optax.apply_updates(params, updates), opt_state
-
-
 def test_a_square_weights_transposed_gradient_keeps_the_split_its_dot_gives_it() -> None:
     # JAX differentiates `h @ w` with respect to w as a dot giving [out, in], then a
     # transpose. For a square w that dot's result has w's shape but not its layout: taking
@@ -196,13 +186,13 @@ def test_a_square_weights_transposed_gradient_keeps_the_split_its_dot_gives_it()
     # every square Megatron-K weight (LLaMA-7B's attention output: 115 ms of 999 a step).
     params = {"w_in": jnp.ones((64, 64)), "w_out": jnp.ones((64, 64))}
     args = (params, optax.sgd(0.1).init(params), jnp.ones((16, 64)))
-    analysis = ex.analyze(_square_mlp_step, *args, mesh=(4,), profile=False)
+    analysis = ex.analyze(mlp_step, *args, mesh=(4,), profile=False)
     megatron = tuple(  # w_in N@x, w_out K@x: one all-reduce each way and nothing else
         [s.name for s in block.strategies].index(name)
         for block, name in zip(analysis.blocks, ("N@x", "K@x"), strict=True)
     )
     plan = analysis._evaluated_plan("manual", megatron, None)
-    truth = ex.evaluate(plan, _square_mlp_step, *args)
+    truth = ex.evaluate(plan, mlp_step, *args)
     assert {kind for kind, _bytes, _axes, _group in truth.emitted} == {"all-reduce"}
     w_out_gradient = [
         op

@@ -3,14 +3,12 @@ and a segment that reads a value another instance's block decides depends on tha
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import analysed, traced
+from helpers import analysed, mlp_step, traced
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -158,15 +156,6 @@ def test_a_replicated_value_is_computed_split_where_all_its_readers_read_it_spli
             assert placed[graph.ops[user].outputs[0]] == (("x",), (), ())
 
 
-def _mlp_step(params: Any, opt_state: Any, x: jax.Array) -> Any:
-    def loss(p: Any) -> jax.Array:
-        return jnp.mean((jax.nn.relu(x @ p["w_in"]) @ p["w_out"]) ** 2)
-
-    value, grads = jax.value_and_grad(loss)(params)
-    updates, opt_state = optax.sgd(0.1).update(grads, opt_state, params)
-    return value, optax.apply_updates(params, updates), opt_state
-
-
 def test_a_weight_gradient_dot_follows_its_operand_split_over_more_devices() -> None:
     # 2-D Megatron: batch on x, w_in N and w_out K on y. w_out's gradient dot reads the saved
     # activation (split on x and y) and the cotangent (split on x only, and deeper). Led by the
@@ -174,12 +163,12 @@ def test_a_weight_gradient_dot_follows_its_operand_split_over_more_devices() -> 
     # all-reduces Megatron needs move anything over y.
     params = {"w_in": jnp.ones((64, 128)), "w_out": jnp.ones((128, 64))}
     args = (params, optax.sgd(0.1).init(params), jnp.ones((16, 64)))
-    analysis = ex.analyze(_mlp_step, *args, mesh=(2, 2), profile=False)
+    analysis = ex.analyze(mlp_step, *args, mesh=(2, 2), profile=False)
     megatron_2d = tuple(
         [s.name for s in block.strategies].index(name)
         for block, name in zip(analysis.blocks, ("M@x,N@y", "M@x,K@y"), strict=True)
     )
     plan = analysis._evaluated_plan("manual", megatron_2d, None)
-    truth = ex.evaluate(plan, _mlp_step, *args)
+    truth = ex.evaluate(plan, mlp_step, *args)
     over_y = {kind for kind, _bytes, axes, _group in truth.emitted if axes == ("y",)}
     assert over_y == {"all-reduce"}

@@ -35,7 +35,7 @@ from explorer.explain.attributed import AttributedCollective, Attribution, Block
 from explorer.explain.origins import Origin, Origins, op_key
 from explorer.ir import Config, DimAxes, Graph, ValueKind, path_suffix
 from explorer.layouts import Placement, place
-from explorer.profile.hlo import Collective
+from explorer.profile.hlo import Collective, element_bytes
 
 if TYPE_CHECKING:
     from explorer.pipeline import Analysis
@@ -164,7 +164,9 @@ class _Attributor:
 
     def rows(self, collective: Collective, seconds: float) -> list[AttributedCollective]:
         elements = max(len(collective.shapes), 1)
-        sizes = [_nbytes(dtype, dims) for dtype, dims in collective.shapes] or [collective.nbytes]
+        sizes = [element_bytes(dtype, dims) for dtype, dims in collective.shapes] or [
+            collective.nbytes
+        ]
         total = sum(sizes)
         out = []
         for element in range(elements):
@@ -420,12 +422,6 @@ def _updated_inputs(graph: Graph) -> dict[int, int]:
         if updated is not None:
             found[k] = updated
     return found
-
-
-def _nbytes(dtype: str, dims: tuple[int, ...]) -> int:
-    from explorer.profile.hlo import _DTYPE_BYTES
-
-    return _DTYPE_BYTES.get(dtype, 4) * math.prod(dims)
 
 
 def _ops_text(ops: tuple[int, ...]) -> str:

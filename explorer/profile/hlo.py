@@ -84,6 +84,12 @@ _DTYPE_BYTES = {
     "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1,
 }  # fmt: skip
 
+
+def element_bytes(dtype: str, dims: tuple[int, ...]) -> int:
+    """Bytes of one array of an HLO shape (unknown dtypes counted as 4 bytes an element)."""
+    return _DTYPE_BYTES.get(dtype, 4) * math.prod(dims)
+
+
 _KINDS = "|".join(k.value for k in CollectiveKind)
 _INSTRUCTION = re.compile(
     rf"^\s*(?:ROOT\s+)?%(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+"
@@ -109,6 +115,12 @@ def parse_collectives(
     like elements of other segments. Such elements are marked `combinable`.
     """
     flow = _Dataflow(hlo)
+    # a whole step (no `terminal_outputs`): every result is the step's
+    results = (
+        terminal_outputs
+        if terminal_outputs is not None
+        else frozenset(range(len(flow.root_operands)))
+    )
     gte_names: dict[str, dict[int, str]] = {}
     for gte in _GTE.finditer(hlo):
         gte_names.setdefault(gte["source"], {})[int(gte["index"])] = gte["op"]
@@ -127,12 +139,6 @@ def parse_collectives(
             attrs = starts.get(match["args"].strip().lstrip("%"), attrs) + attrs
         collective = _collective(match, attrs, gte_names, mesh)
         if collective.kind is CollectiveKind.ALL_REDUCE:
-            # a whole step (no `terminal_outputs`): every result is the step's
-            results = (
-                terminal_outputs
-                if terminal_outputs is not None
-                else frozenset(range(len(flow.root_operands)))
-            )
             collective = _with_scattered(collective, flow, results)
             if terminal_outputs is not None:
                 combinable = tuple(
@@ -171,7 +177,7 @@ def _with_scattered(collective: Collective, flow: _Dataflow, results: frozenset[
     if not any(scattered):
         return collective
     nbytes = sum(
-        _DTYPE_BYTES.get(dtype, 4) * math.prod(dims)
+        element_bytes(dtype, dims)
         for (dtype, dims), s in zip(collective.shapes, scattered, strict=True)
         if s
     )
@@ -238,6 +244,14 @@ class _Dataflow:
             self._device_values = found
         return self._device_values
 
+    def _element_users(self, name: str, element: int, elements: int) -> list[str]:
+        """The users of element `element` of `name`: of a tuple, its get-tuple-elements (and
+        any user of the whole tuple)."""
+        users = self.users.get(name, [])
+        if elements > 1:
+            return [u for u in users if self.index.get(u, element) == element]
+        return users
+
     def read_as_own_slice(
         self, name: str, element: int, elements: int, size: int, group_size: int
     ) -> bool:
@@ -247,11 +261,9 @@ class _Dataflow:
         device's id. A reduce-scatter and the same ops on the slice then compute the same."""
         if group_size < 2 or size % group_size:
             return False
-        readers = self.users.get(name, [])
+        readers = self._element_users(name, element, elements)
         if elements > 1:  # a tuple result: the readers of this element's get-tuple-elements
-            readers = [
-                r for g in readers if self.index.get(g) == element for r in self.users.get(g, [])
-            ]
+            readers = [r for g in readers if g in self.index for r in self.users.get(g, [])]
         device = self._by_device()
         pending, seen = list(readers), set()
         while pending:
@@ -273,9 +285,7 @@ class _Dataflow:
     def terminal(self, name: str, element: int, elements: int, outputs: frozenset[int]) -> bool:
         """Whether element `element` of instruction `name` reaches only entry results in
         `outputs`, through no other collective."""
-        start = self.users.get(name, [])
-        if elements > 1:  # a tuple result: follow only this element's readers
-            start = [u for u in start if self.index.get(u, element) == element]
+        start = self._element_users(name, element, elements)
         roots = {operand: position for position, operand in enumerate(self.root_operands)}
         seen: set[str] = set()
         pending = list(start)
@@ -315,7 +325,7 @@ def _collective(
         group_size = 2 if axes else 1
     else:
         axes = _axes_of(groups, mesh)
-    result_bytes = sum(_DTYPE_BYTES.get(dtype, 4) * math.prod(dims) for dtype, dims in shapes)
+    result_bytes = sum(element_bytes(dtype, dims) for dtype, dims in shapes)
     nbytes = result_bytes * group_size if kind is CollectiveKind.REDUCE_SCATTER else result_bytes
     element_names = gte_names.get(match["name"], {})
     own = _OP_NAME.search(attrs)
