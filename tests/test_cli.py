@@ -180,6 +180,22 @@ def test_bench_from_a_checkout_finds_the_harness_outside_the_library(tmp_path: P
     assert not any(tmp_path.iterdir())
 
 
+def test_bench_without_out_writes_the_repository_report_and_is_refused_alike() -> None:
+    # no --out: the report goes to the repository's assets and the README quotes it, so the
+    # command must find the README itself (it once looked for it in the wrong module and died
+    # with an AttributeError before doing anything)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    readme = (REPO / "README.md").read_text()
+    result = subprocess.run(
+        [sys.executable, "-m", "explorer", "bench", "--quick", "--sections", "speed"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "bench sections: expected some of overhead, accuracy, quality, slider" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (REPO / "README.md").read_text() == readme
+
+
 def test_bench_without_the_repository_says_to_run_it_from_a_checkout(tmp_path: Path) -> None:
     # explorer installed alone: the package without the repository around it
     site = tmp_path / "site"
