@@ -54,7 +54,9 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
 def _ratio_cell(cfp: dict[Any, Any], other: dict[Any, Any] | None) -> str:
     if other is None or not math.isfinite(other.get("evaluated_s", math.nan)):
         return "failed"
-    oom = "" if other["fits"] else " (OOM)"
+    # how far over: a baseline OOM by a few percent is another story than one twice the device
+    memory = other.get("evaluated_memory", math.nan)
+    oom = "" if other["fits"] else f" (OOM, {memory / 2**30:.1f} GiB)"
     if not math.isfinite(cfp.get("evaluated_s", math.nan)):
         return f"{1e3 * other['evaluated_s']:.0f} ms{oom}"
     return f"{other['evaluated_s'] / cfp['evaluated_s']:.2f}{oom}"
@@ -166,7 +168,8 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         "`paper.csv` holds "
         "every row. Times are the whole training step compiled under each plan and priced on "
         "the platform (the `compiled` backend); ratios are baseline / CFP (> 1: CFP faster); "
-        "OOM: the plan's compiled step needs more than the device memory."
+        "OOM: the plan's compiled step needs more than the device memory (what it needs, per "
+        "device, as XLA:CPU schedules and assigns it)."
         + (f" Quick grid: {QUICK_LAYERS} layers per model." if run.quick else ""),
         "",
         "## Goals",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -16,6 +17,7 @@ from benchmarks.paper import run_paper
 from benchmarks.paper_grid import BASELINES, PaperCase, paper_cases, select_cases
 from benchmarks.paper_grid import README_END as PAPER_END
 from benchmarks.paper_grid import README_START as PAPER_START
+from benchmarks.paper_report import case_table
 from benchmarks.quality import geomean, quality_summary
 from benchmarks.report import write_report
 from explorer.errors import ExplorerError, InputError
@@ -72,6 +74,20 @@ def test_quality_summary_gives_ratios_over_the_cfp_plan_and_flags_oom() -> None:
     assert summary["megatron"] == "failed"
     assert geomean([2.0, 0.5]) == pytest.approx(1.0)
     assert math.isnan(geomean([]))
+
+
+def test_the_paper_case_table_says_by_how_much_a_baseline_is_over_the_device() -> None:
+    def row(plan: str, seconds: float, fits: bool, gib: float) -> dict[str, Any]:
+        return {
+            "case": "c", "plan": plan, "evaluated_s": seconds, "fits": fits,
+            "evaluated_memory": gib * 2**30, "time_error": 0.01,
+        }  # fmt: skip
+
+    frame = pd.DataFrame([row("cfp", 2.0, True, 39.0), row("dp", 1.5, False, 42.25)])
+    table = case_table(frame).iloc[0]
+    assert table["dp"] == "0.75 (OOM, 42.2 GiB)" and table["megatron"] == "failed"
+    no_plan = pd.DataFrame([row("cfp", math.nan, False, math.nan), row("dp", 3.3, False, 84.0)])
+    assert case_table(no_plan).iloc[0]["dp"] == "3300 ms (OOM, 84.0 GiB)"
 
 
 @pytest.mark.slow
