@@ -291,6 +291,7 @@ def test_build_applies_depth_batch_and_dtype_and_gives_shapes_when_abstract() ->
         ("gpt", "tiny", {"layers": 2.0}, "layers: expected a positive int or None"),
         ("gpt", "tiny", {"batch": True}, "batch: expected a positive int or None"),
         ("gpt", "tiny", {"dtype": "int32"}, "expected a floating dtype, found 'int32'"),
+        ("gpt", "tiny", {"remat": "yes"}, "remat: expected a bool or None"),
     ],
 )
 def test_build_refuses_bad_input_naming_the_valid_choices(
@@ -298,6 +299,37 @@ def test_build_refuses_bad_input_naming_the_valid_choices(
 ) -> None:
     with pytest.raises(InputError, match=re.escape(message)):
         build(name, preset, **changes)
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama", "moe", "bert", "flax_decoder"])
+def test_remat_recomputes_each_layer_and_changes_no_number(name: str) -> None:
+    """`remat=True` checkpoints every layer: the backward pass runs each layer's forward ops
+    again (ops JAX names `rematted_computation`), and the step computes what the plain step
+    computes."""
+    results = {}
+    for remat in (False, True):
+        model = build(name, "tiny", layers=2, remat=remat)
+        jaxpr = jax.make_jaxpr(model.step)(*model.args).jaxpr
+        # `jax.checkpoint`'s primitive (remat2 in JAX 0.10)
+        checkpoints = [e for e in _all_eqns(jaxpr) if "remat" in e.primitive.name]
+        assert len(checkpoints) == (2 if remat else 0), [e.primitive.name for e in jaxpr.eqns]
+        results[remat] = jax.jit(model.step)(*model.args)
+        assert model.config.remat is remat
+    for plain, rematted in zip(
+        jax.tree.leaves(results[False]), jax.tree.leaves(results[True]), strict=True
+    ):
+        assert jnp.allclose(plain, rematted, rtol=1e-5, atol=1e-6)
+
+
+def _all_eqns(jaxpr: Any) -> Iterator[Any]:
+    """Every equation of `jaxpr` and of the jaxprs in its equations' params."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for item in value if isinstance(value, tuple | list) else (value,):
+                inner = getattr(item, "jaxpr", item)  # a closed jaxpr holds one
+                if hasattr(inner, "eqns"):
+                    yield from _all_eqns(inner)
 
 
 def test_every_listed_preset_of_every_model_builds_by_name() -> None:

@@ -82,6 +82,10 @@ class BaseConfig:
     learning_rate: float = 1e-3
     weight_decay: float = 0.01
     dtype: str = "float32"
+    # rematerialise every layer in the backward pass (`jax.checkpoint`): a layer keeps only its
+    # input for the backward pass and runs its forward again there, as training at large
+    # batches does to fit activations in device memory
+    remat: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -94,6 +98,8 @@ class BaseConfig:
         _check_divisible(owner, "hidden", self.hidden, "heads", self.heads)
         _check_float(owner, "learning_rate", self.learning_rate, 1e-12, math.inf)
         _check_float(owner, "weight_decay", self.weight_decay, 0.0, math.inf)
+        if not isinstance(self.remat, bool):
+            raise ValueError(f"{owner}.remat: expected a bool, found {self.remat!r}")
         try:
             dt = jnp.dtype(self.dtype)
         except TypeError as err:
@@ -288,6 +294,11 @@ def gpt_layer(p: Params, x: Array, *, heads: int, dropout_rate: float, key: Arra
         h = layer_norm(x, p["mlp"]["norm"])
         x = x + mlp_block(p["mlp"], h, dropout_rate=dropout_rate, key=k_mlp)
     return x
+
+
+def layer_body(body: Callable[..., Any], remat: bool) -> Callable[..., Any]:
+    """`body` (one layer), rematerialised in the backward pass when `remat`."""
+    return jax.checkpoint(body) if remat else body
 
 
 def layer_key(rng: Array, i: int, rate: float) -> Array | None:

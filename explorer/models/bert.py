@@ -106,18 +106,25 @@ def loss_fn(cfg: BertConfig, params: c.Params, batch: c.Batch, rng: jax.Array) -
         p = params["embed"]
         x = jnp.take(p["wte"], tokens, axis=0) + p["wpe"][None, : tokens.shape[1], :]
         x = c.dropout(c.layer_norm(x, p["norm"]), rate, c.layer_key(rng, cfg.num_layers, rate))
+
+    def layer(
+        lp: c.Params, x: jax.Array, k_attn: jax.Array | None, k_mlp: jax.Array | None
+    ) -> jax.Array:
+        with jax.named_scope("attn"):
+            a = c.attention_block(
+                lp["attn"], x, heads=cfg.heads, causal=False, dropout_rate=rate, key=k_attn
+            )
+            x = c.layer_norm(x + a, lp["attn"]["norm"])
+        with jax.named_scope("mlp"):
+            m = c.mlp_block(lp["mlp"], x, dropout_rate=rate, key=k_mlp)
+            return c.layer_norm(x + m, lp["mlp"]["norm"])
+
+    body = c.layer_body(layer, cfg.remat)
     for i, lp in enumerate(params["layers"]):
         key = c.layer_key(rng, i, rate)
         k_attn, k_mlp = jax.random.split(key) if key is not None else (None, None)
         with jax.named_scope(f"layer_{i}"):
-            with jax.named_scope("attn"):
-                a = c.attention_block(
-                    lp["attn"], x, heads=cfg.heads, causal=False, dropout_rate=rate, key=k_attn
-                )
-                x = c.layer_norm(x + a, lp["attn"]["norm"])
-            with jax.named_scope("mlp"):
-                m = c.mlp_block(lp["mlp"], x, dropout_rate=rate, key=k_mlp)
-                x = c.layer_norm(x + m, lp["mlp"]["norm"])
+            x = body(lp, x, k_attn, k_mlp)
     with jax.named_scope("head"):
         hp = params["head"]
         h = jax.nn.gelu(x @ hp["w_dense"] + hp["b_dense"])

@@ -63,8 +63,9 @@ def _module(cfg: FlaxDecoderConfig) -> Any:
         @nn.compact
         def __call__(self, tokens: jax.Array) -> jax.Array:
             x = nn.Embed(cfg.vocab, cfg.hidden, param_dtype=cfg.jnp_dtype)(tokens)
+            block = nn.remat(Layer) if cfg.remat else Layer
             for i in range(cfg.num_layers):
-                x = Layer(name=f"layer_{i}")(x)
+                x = block(name=f"layer_{i}")(x)
             x = nn.LayerNorm(dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype)(x)
             return nn.Dense(cfg.vocab, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype)(x)
 

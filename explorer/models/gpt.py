@@ -109,11 +109,10 @@ def loss_fn(cfg: GPTConfig, params: c.Params, batch: c.Batch, rng: jax.Array) ->
     rate = cfg.dropout
     with jax.named_scope("embed"):
         x = embed(params["embed"], batch["tokens"], rate, c.layer_key(rng, cfg.num_layers, rate))
+    layer = c.layer_body(partial(c.gpt_layer, heads=cfg.heads, dropout_rate=rate), cfg.remat)
     for i, lp in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{i}"):
-            x = c.gpt_layer(
-                lp, x, heads=cfg.heads, dropout_rate=rate, key=c.layer_key(rng, i, rate)
-            )
+            x = layer(lp, x, key=c.layer_key(rng, i, rate))
     with jax.named_scope("head"):
         logits = lm_head(params, x, cfg.tie_embeddings)
         return c.cross_entropy(logits, batch["targets"])

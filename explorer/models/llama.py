@@ -130,14 +130,19 @@ def loss_fn(cfg: LlamaConfig, params: c.Params, batch: c.Batch, rng: jax.Array) 
     with jax.named_scope("embed"):
         x = jnp.take(params["embed"]["wte"], batch["tokens"], axis=0)
         cos, sin = rope_tables(cfg.seq_len, cfg.head_dim, cfg.rope_theta)
+
+    def layer(lp: c.Params, x: jax.Array) -> jax.Array:
+        with jax.named_scope("attn"):
+            h = c.rms_norm(x, lp["attn"]["norm"], eps)
+            x = x + attention(lp["attn"], h, cos, sin, cfg.heads)
+        with jax.named_scope("mlp"):
+            h = c.rms_norm(x, lp["mlp"]["norm"], eps)
+            return x + swiglu(lp["mlp"], h)
+
+    body = c.layer_body(layer, cfg.remat)
     for i, lp in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{i}"):
-            with jax.named_scope("attn"):
-                h = c.rms_norm(x, lp["attn"]["norm"], eps)
-                x = x + attention(lp["attn"], h, cos, sin, cfg.heads)
-            with jax.named_scope("mlp"):
-                h = c.rms_norm(x, lp["mlp"]["norm"], eps)
-                x = x + swiglu(lp["mlp"], h)
+            x = body(lp, x)
     with jax.named_scope("head"):
         x = c.rms_norm(x, params["final_norm"], eps)
         logits = x @ params["head"]["w_head"]

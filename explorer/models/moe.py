@@ -185,23 +185,30 @@ def loss_fn(cfg: MoEConfig, params: c.Params, batch: c.Batch, rng: jax.Array) ->
     rate = cfg.dropout
     with jax.named_scope("embed"):
         x = embed(params["embed"], batch["tokens"], rate, c.layer_key(rng, cfg.num_layers, rate))
+
+    def moe_layer(lp: c.Params, x: jax.Array, key: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+        k_attn, k_moe = jax.random.split(key) if key is not None else (None, None)
+        with jax.named_scope("attn"):
+            h = c.layer_norm(x, lp["attn"]["norm"])
+            x = x + c.attention_block(
+                lp["attn"], h, heads=cfg.heads, causal=True, dropout_rate=rate, key=k_attn
+            )
+        with jax.named_scope("moe"):
+            h = c.layer_norm(x, lp["moe"]["norm"])
+            y, aux = moe_ffn(lp["moe"], h, cfg)
+            return x + c.dropout(y, rate, k_moe), aux
+
+    dense = c.layer_body(partial(c.gpt_layer, heads=cfg.heads, dropout_rate=rate), cfg.remat)
+    sparse = c.layer_body(moe_layer, cfg.remat)
     aux_total = jnp.zeros((), jnp.float32)
     for i, lp in enumerate(params["layers"]):
         key = c.layer_key(rng, i, rate)
         with jax.named_scope(f"layer_{i}"):
             if "moe" not in lp:
-                x = c.gpt_layer(lp, x, heads=cfg.heads, dropout_rate=rate, key=key)
+                x = dense(lp, x, key=key)
                 continue
-            k_attn, k_moe = jax.random.split(key) if key is not None else (None, None)
-            with jax.named_scope("attn"):
-                h = c.layer_norm(x, lp["attn"]["norm"])
-                x = x + c.attention_block(
-                    lp["attn"], h, heads=cfg.heads, causal=True, dropout_rate=rate, key=k_attn
-                )
+            x, aux = sparse(lp, x, key)
             with jax.named_scope("moe"):
-                h = c.layer_norm(x, lp["moe"]["norm"])
-                y, aux = moe_ffn(lp["moe"], h, cfg)
-                x = x + c.dropout(y, rate, k_moe)
                 aux_total = aux_total + aux
     with jax.named_scope("head"):
         x = c.layer_norm(x, params["final_norm"])

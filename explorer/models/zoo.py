@@ -55,6 +55,7 @@ def model_config(
     layers: int | None = None,
     batch: int | None = None,
     dtype: str | None = None,
+    remat: bool | None = None,
 ) -> BaseConfig:
     """The configuration `build` would use, checked, without building anything (for callers
     that must not touch a device yet, such as a cluster run before it joins)."""
@@ -75,6 +76,10 @@ def model_config(
         changes["num_layers" if field == "layers" else field] = value
     if dtype is not None:
         changes["dtype"] = dtype
+    if remat is not None:
+        if not isinstance(remat, bool):
+            raise InputError(f"remat: expected a bool or None (the preset's), found {remat!r}")
+        changes["remat"] = remat
     config: BaseConfig = getattr(config_cls, preset)()
     try:
         return config.replace(**changes)
@@ -89,12 +94,13 @@ def build(
     layers: int | None = None,
     batch: int | None = None,
     dtype: str | None = None,
+    remat: bool | None = None,
     abstract: bool = False,
 ) -> BuiltModel:
-    """Zoo model `name` at `preset`, with its depth, batch or dtype changed where given;
-    ``abstract=True`` gives shapes instead of arrays (no memory, no time: paper-scale
-    models are traced that way)."""
-    config = model_config(name, preset, layers=layers, batch=batch, dtype=dtype)
+    """Zoo model `name` at `preset`, with its depth, batch or dtype changed where given, its
+    layers rematerialised in the backward pass with ``remat=True``; ``abstract=True`` gives
+    shapes instead of arrays (no memory, no time: paper-scale models are traced that way)."""
+    config = model_config(name, preset, layers=layers, batch=batch, dtype=dtype, remat=remat)
     model_fn = _entry(name)[0]
     step, (params, opt_state, data, rng) = model_fn(config, abstract=abstract)
     return BuiltModel(name, preset, config, step, (params, opt_state, data, rng))
