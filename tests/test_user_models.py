@@ -13,6 +13,7 @@ import pytest
 from user_models import BUILDERS, DEEP_BUILDERS, UserStep, linen_fused_qkv
 
 import explorer as ex
+from explorer import models
 from explorer.blocks import build_blocks
 from explorer.errors import ArgumentMismatchError, RoleWarning
 from explorer.ir import CONTRACTION_PRIMITIVES, DimRole, Graph, OpNode, Role, ValueKind
@@ -254,3 +255,23 @@ def test_remat_costs_no_more_programs_or_dependencies_than_the_plain_model() -> 
         else:
             assert made_backward, "no recomputed value crosses a boundary"
     assert found["linen_remat"] == found["linen"], found
+
+
+def test_a_rematted_layer_cut_in_parts_costs_no_more_segment_programs() -> None:
+    """A MoE layer is cut in parts over the configuration cap, each part a segment of one
+    scope. Under remat the backward part recomputes the whole layer: what one part's
+    recomputation hands the next (the router's gates and dispatch) is an activation crossing
+    a boundary, even where a recomputed op matches no forward op (the router's top-2 choice
+    does not), so the rematted step has the plain step's segment programs and dependencies.
+    It once had 7x the programs (336 -> 2466): the parts read those values as if made far
+    away and took their blocks as context."""
+    found = {}
+    for remat in (False, True):
+        model = models.build("moe", "tiny", layers=4, remat=remat, abstract=True)
+        analysis = ex.analyze(model.step, *model.args, mesh=(4,), profile=False)
+        assert any("part" in i.label for i in analysis.segments.instances)  # cut in parts
+        dependencies = instance_dependencies(
+            analysis.graph, analysis.block_analysis, analysis.segments, analysis.mesh
+        )
+        found[remat] = (analysis.program_counts.segment_programs, dependencies)
+    assert found[True] == found[False], found

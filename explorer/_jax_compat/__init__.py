@@ -29,6 +29,7 @@ from explorer._jax_compat.flatten import (
 from explorer._jax_compat.lowering import random_bits_as_accelerators_lower
 from explorer._jax_compat.plain import (
     is_linearized,
+    is_rematerialised,
     is_transposed,
     plain_params,
     scope_of,
@@ -52,6 +53,7 @@ __all__ = [
     "evaluate",
     "flatten",
     "is_linearized",
+    "is_rematerialised",
     "is_transposed",
     "make_jaxpr",
     "plain_params",

@@ -105,6 +105,11 @@ def is_transposed(name_stack: str) -> bool:
     return "transpose(" in name_stack
 
 
+def is_rematerialised(name_stack: str) -> bool:
+    """True for the forward ops a `jax.checkpoint` body runs again for the backward pass."""
+    return "rematted_computation" in name_stack.split("/")
+
+
 def is_linearized(name_stack: str) -> bool:
     return "jvp(" in name_stack
 
