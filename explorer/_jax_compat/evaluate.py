@@ -8,6 +8,7 @@ from typing import Any
 import jax
 from jax._src import source_info_util
 
+from explorer._jax_compat.plain import REMAT_MARK
 from explorer._jax_compat.program import FlatProgram, LoopRegion
 
 
@@ -51,6 +52,19 @@ class _Runner:
         self.program = program
         self.on_value = on_value
         self.on_operand = on_operand
+        # rematerialisation: per value, the remat region whose recomputation made it (None:
+        # made elsewhere); per region, what it reads from outside, in the order first read;
+        # per (region, value), that value behind the region's optimization barrier
+        self.made_in: dict[int, str | None] = {}
+        self.reads: dict[str, list[int]] = {}
+        for eqn in program.eqns:
+            region = remat_region(eqn.name_stack)
+            if region is not None:
+                outside = self.reads.setdefault(region, [])
+                fresh = [v for v in eqn.invars if self.made_in.get(v) != region]
+                outside += [v for v in dict.fromkeys(fresh) if v not in outside]
+            self.made_in.update((v, region) for v in eqn.outvars)
+        self.shielded: dict[tuple[str, int], Any] = {}
         # loops by (depth, first equation); a region with no equation has nothing to run
         self.loops = {
             (loop.depth, loop.start): loop
@@ -67,7 +81,8 @@ class _Runner:
                 index = loop.stop
                 continue
             eqn = self.program.eqns[index]
-            operands = [env[v] for v in eqn.invars]
+            region = remat_region(eqn.name_stack)
+            operands = [self.operand(v, env, region) for v in eqn.invars]
             if self.on_operand is not None:
                 operands = [self.on_operand(index, p, x) for p, x in enumerate(operands)]
             # Re-enter the original name stack so compiled HLO metadata keeps the user's
@@ -79,6 +94,21 @@ class _Runner:
             for vid, result in zip(eqn.outvars, results, strict=True):
                 env[vid] = self.value(vid, result)
             index += 1
+
+    def operand(self, vid: int, env: dict[int, Any], region: str | None) -> Any:
+        """What an equation reads: a recomputation under remat reads what its region did not
+        make through an optimization barrier, as `jax.checkpoint` lowers it. Without one XLA
+        finds the recomputed ops equal to the forward ops they repeat and keeps the forward
+        results instead: the rematerialisation the user asked for would be undone."""
+        if region is None or self.made_in.get(vid) == region:
+            return env[vid]
+        if (region, vid) not in self.shielded:
+            # one barrier over everything the region reads that exists by now (JAX puts one
+            # over the checkpointed call's arguments)
+            ready = [v for v in self.reads[region] if v in env and (region, v) not in self.shielded]
+            shielded = jax.lax.optimization_barrier(tuple(env[v] for v in ready))
+            self.shielded.update(((region, v), x) for v, x in zip(ready, shielded, strict=True))
+        return self.shielded[(region, vid)]
 
     def value(self, vid: int, x: Any) -> Any:
         return self.on_value(vid, x) if self.on_value is not None else x
@@ -111,6 +141,15 @@ class _Runner:
             )
         for vid, result in zip(loop.results, [*carry, *ys], strict=True):
             env[vid] = self.value(vid, result)
+
+
+def remat_region(name_stack: str) -> str | None:
+    """The `jax.checkpoint` recomputation an equation belongs to, named by its name stack up
+    to JAX's `rematted_computation` mark (one per rematerialised call); None outside one."""
+    parts = name_stack.split("/")
+    if REMAT_MARK not in parts:
+        return None
+    return "/".join(parts[: parts.index(REMAT_MARK) + 1])
 
 
 def _name_stacks(name_stack: str) -> Any:

@@ -75,6 +75,8 @@ def _strip_transforms(component: str) -> str:
 # Name-stack components JAX adds for rematerialisation: the recomputed forward ops of a
 # `jax.checkpoint` / `nn.remat` body sit under them, in the scope of the ops they recompute.
 _REMAT_COMPONENTS = frozenset({"rematted_computation", "checkpoint", "remat"})
+# the one of them JAX gives the forward ops a `jax.checkpoint` body runs again
+REMAT_MARK = "rematted_computation"
 
 
 def scope_of(name_stack: str) -> str:
@@ -107,7 +109,7 @@ def is_transposed(name_stack: str) -> bool:
 
 def is_rematerialised(name_stack: str) -> bool:
     """True for the forward ops a `jax.checkpoint` body runs again for the backward pass."""
-    return "rematted_computation" in name_stack.split("/")
+    return REMAT_MARK in name_stack.split("/")
 
 
 def is_linearized(name_stack: str) -> bool:
