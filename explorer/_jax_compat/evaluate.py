@@ -8,7 +8,7 @@ from typing import Any
 import jax
 from jax._src import source_info_util
 
-from explorer._jax_compat.plain import REMAT_MARK
+from explorer._jax_compat.plain import remat_region
 from explorer._jax_compat.program import FlatProgram, LoopRegion
 
 
@@ -55,10 +55,10 @@ class _Runner:
         # rematerialisation: per value, the remat region whose recomputation made it (None:
         # made elsewhere); per region, what it reads from outside, in the order first read;
         # per (region, value), that value behind the region's optimization barrier
+        self.region_of = [remat_region(eqn.name_stack) for eqn in program.eqns]
         self.made_in: dict[int, str | None] = {}
         self.reads: dict[str, list[int]] = {}
-        for eqn in program.eqns:
-            region = remat_region(eqn.name_stack)
+        for eqn, region in zip(program.eqns, self.region_of, strict=True):
             if region is not None:
                 outside = self.reads.setdefault(region, [])
                 fresh = [v for v in eqn.invars if self.made_in.get(v) != region]
@@ -81,8 +81,7 @@ class _Runner:
                 index = loop.stop
                 continue
             eqn = self.program.eqns[index]
-            region = remat_region(eqn.name_stack)
-            operands = [self.operand(v, env, region) for v in eqn.invars]
+            operands = [self.operand(v, env, self.region_of[index]) for v in eqn.invars]
             if self.on_operand is not None:
                 operands = [self.on_operand(index, p, x) for p, x in enumerate(operands)]
             # Re-enter the original name stack so compiled HLO metadata keeps the user's
@@ -141,15 +140,6 @@ class _Runner:
             )
         for vid, result in zip(loop.results, [*carry, *ys], strict=True):
             env[vid] = self.value(vid, result)
-
-
-def remat_region(name_stack: str) -> str | None:
-    """The `jax.checkpoint` recomputation an equation belongs to, named by its name stack up
-    to JAX's `rematted_computation` mark (one per rematerialised call); None outside one."""
-    parts = name_stack.split("/")
-    if REMAT_MARK not in parts:
-        return None
-    return "/".join(parts[: parts.index(REMAT_MARK) + 1])
 
 
 def _name_stacks(name_stack: str) -> Any:

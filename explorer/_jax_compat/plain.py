@@ -107,9 +107,18 @@ def is_transposed(name_stack: str) -> bool:
     return "transpose(" in name_stack
 
 
+def remat_region(name_stack: str) -> str | None:
+    """The `jax.checkpoint` recomputation an equation belongs to, named by its name stack up
+    to JAX's `rematted_computation` mark (one per rematerialised call); None outside one."""
+    parts = name_stack.split("/")
+    if REMAT_MARK not in parts:
+        return None
+    return "/".join(parts[: parts.index(REMAT_MARK) + 1])
+
+
 def is_rematerialised(name_stack: str) -> bool:
     """True for the forward ops a `jax.checkpoint` body runs again for the backward pass."""
-    return REMAT_MARK in name_stack.split("/")
+    return remat_region(name_stack) is not None
 
 
 def is_linearized(name_stack: str) -> bool:

@@ -12,8 +12,17 @@ from explorer import _jax_compat as jc
 from explorer.ir import Graph, Role, ValueKind
 
 
-def recomputed_ops(graph: Graph) -> dict[int, int]:
-    """Per backward op that repeats a forward op, the forward op it repeats.
+def recomputed_values(graph: Graph) -> set[int]:
+    """The values recomputed ops make: activations, not cotangents. Those of a
+    `jax.checkpoint` body are marked so by their name stack, whether or not each matches a
+    forward op (a chain of matches breaks at the first op that does not, such as a router's
+    top-2 gating); the others are found by matching (`_repeats`)."""
+    marked = {vid for op in graph.ops if jc.is_rematerialised(op.name_stack) for vid in op.outputs}
+    return marked | _repeats(graph)
+
+
+def _repeats(graph: Graph) -> set[int]:
+    """The values backward ops make that repeat a forward op's.
 
     A backward op repeats a forward op when both apply the same primitive with the same
     params to the same operands: the same value or a repeat of it. What is computed from
@@ -29,29 +38,17 @@ def recomputed_ops(graph: Graph) -> dict[int, int]:
         value = graph.values[vid]
         return ("constant", value.type) if value.kind is ValueKind.CONSTANT else vid
 
-    forward: dict[object, int] = {}
-    repeats: dict[int, int] = {}
+    forward: dict[object, tuple[int, ...]] = {}
+    repeats: set[int] = set()
     for op in graph.ops:
         operands = tuple(map(operand, op.inputs))
         key = (op.primitive, repr(op.params), operands, op.output_types)
         if not any(isinstance(o, int) for o in operands):
             name.update((v, (key, i)) for i, v in enumerate(op.outputs))
         if op.role is Role.FORWARD:
-            forward.setdefault(key, op.id)
+            forward.setdefault(key, op.outputs)
         elif op.role is Role.BACKWARD and key in forward:
-            twin = forward[key]
-            repeats[op.id] = twin
-            for vid, twin_vid in zip(op.outputs, graph.ops[twin].outputs, strict=True):
-                name.setdefault(vid, operand(twin_vid))
+            repeats.update(op.outputs)
+            for vid, twin in zip(op.outputs, forward[key], strict=True):
+                name.setdefault(vid, operand(twin))
     return repeats
-
-
-def recomputed_values(graph: Graph) -> set[int]:
-    """The values recomputed ops make: activations, not cotangents. Those of a
-    `jax.checkpoint` body are marked so by their name stack, whether or not each matches a
-    forward op (a chain of matches breaks at the first op that does not, such as a router's
-    top-2 gating)."""
-    marked = (op for op in graph.ops if jc.is_rematerialised(op.name_stack))
-    return {vid for op in marked for vid in op.outputs} | {
-        vid for op_id in recomputed_ops(graph) for vid in graph.ops[op_id].outputs
-    }
