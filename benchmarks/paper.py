@@ -11,8 +11,9 @@ differs and the collectives of the two compiled steps that differ.
 Cases run most informative first (every model on the 8-GPU A100 node at the smaller batch,
 then at the paper's, then the other meshes), and the report is written after every case,
 so a run stopped early leaves a valid partial report that lists the cases it did not reach.
-Evaluations are kept by plan digest (`evaluation_store`) beside the profile cache, so a warm
-run compiles nothing it compiled before.
+Evaluations are kept by plan digest (`evaluation_store`) and the Alpa ILP's answers by problem
+digest (`explorer.alpa.kept`) beside the profile cache, so a warm run compiles and solves
+nothing it compiled or solved before.
 """
 
 from __future__ import annotations
@@ -327,9 +328,10 @@ def run_paper(
     only: Sequence[str] | None = None,
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
-    path. `cache` keeps profiles, and whole-step evaluations beside it (default: in the
-    user's cache folder, so that a second run is warm). `only` keeps the cases whose label
-    contains one of its patterns, in its order."""
+    path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
+    answers (default: in the user's cache folder, so that a second run is warm). `only` keeps
+    the cases whose label contains one of its patterns, in its order."""
+    from explorer.alpa import ilp_answers_kept_in
     from explorer.evaluation_store import evaluations_kept_in
 
     grid = tuple(cases) if cases is not None else paper_cases(quick)
@@ -337,7 +339,10 @@ def run_paper(
         grid = select_cases(grid, only)
     cache = cache if cache is not None else DEFAULT_CACHE.expanduser()
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
-    with evaluations_kept_in(cache.with_suffix(".evaluations.sqlite")) as store:
+    with (
+        evaluations_kept_in(cache.with_suffix(".evaluations.sqlite")) as store,
+        ilp_answers_kept_in(cache.with_suffix(".alpa.sqlite")) as answers,
+    ):
         for case in grid:
             log(f"== {case.label}")
             try:
@@ -345,6 +350,7 @@ def run_paper(
             except Exception as err:
                 run.failed(case.label, err)
             run.evaluations_kept = store.hits
+            run.ilp_answers_kept = answers.hits
             write_report(run, finished=False, readme=readme)  # a stopped run says so
     report = write_report(run, finished=True, readme=readme)
     minutes = (time.perf_counter() - run.started) / 60

@@ -119,6 +119,7 @@ class PaperRun:
     failures: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     evaluations_kept: int = 0  # whole-step evaluations read from the store, not compiled
+    ilp_answers_kept: int = 0  # Alpa ILP answers read from their store, not solved
 
     def failed(self, where: str, err: BaseException) -> None:
         line = f"{where}: {type(err).__name__}: {err}".splitlines()[0][:300]

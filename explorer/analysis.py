@@ -159,10 +159,10 @@ class SegmentedStep:
         return self._priced_by_evaluation(plan_with)
 
     def _alpa_plan(self, memory_budget: float | None, time_limit: float) -> Plan:
-        from explorer.alpa import solve_alpa
+        from explorer.alpa import solve_alpa_kept
         from explorer.plan import make_layout_plan
 
-        solution = solve_alpa(
+        solution = solve_alpa_kept(
             self.graph, self.mesh, self.platform, memory_budget=memory_budget, time_limit=time_limit
         )
         ilp = IlpReport(

@@ -104,6 +104,7 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     text = report.read_text()
     assert "--paper --quick` in " in text and "minutes" in text  # finished, with its time
     assert "## Failures\n\nNone." in text, text
+    assert "and 0 Alpa ILP answers from the ILP store" in text
 
     # every case has the CFP plan and every baseline, each judged by the compiled step
     assert len(frame) == len(cases) * 5
@@ -130,13 +131,19 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     assert "old" not in updated and "tail" in updated
     assert "llama_7b_bf16" in updated and "Geometric mean" in updated
 
-    # warm: every profile and every whole-step evaluation comes from the caches
+    # warm: every profile, whole-step evaluation and ILP answer comes from the caches
     again = run_paper(True, out=tmp_path / "warm", cache=cache, log=print)
     warm = pd.read_csv(tmp_path / "warm" / "paper.csv")
     assert list(warm["evaluated_s"]) == list(frame["evaluated_s"])
     warm_cfp = warm[warm["plan"] == "cfp"]
     assert list(warm_cfp["programs_from_cache"]) == list(warm_cfp["programs"])
-    assert f"; {len(cases) * 5 + 2 * len(cases)} whole-step evaluations read" in again.read_text()
+    warm_text = again.read_text()
+    assert f"; {len(cases) * 5 + 2 * len(cases)} whole-step evaluations read" in warm_text
+    alpa = frame["plan"] == "alpa"
+    # an ILP with no plan within the device is asked again without the budget: two answers
+    asked = len(cases) + frame.loc[alpa, "note"].str.contains("without the budget").sum()
+    assert f"and {asked} Alpa ILP answers from the ILP store" in warm_text
+    assert list(warm.loc[alpa, "alpa_solve_s"]) == list(frame.loc[alpa, "alpa_solve_s"])
 
 
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(
