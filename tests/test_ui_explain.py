@@ -127,12 +127,13 @@ def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(
     assert "plan changed" in app.explain_view.status_w.value
     assert len(_markers(app).x) == 0
     # a slider move while an explanation compiles: its result never shows. The real attribution
-    # runs, held at its start until the slider has moved (a fast machine compiles the tiny step
-    # before the slider's redraw ends, and the race would not happen)
-    slider_moved = threading.Event()
+    # runs, held at its start until the slider has moved, and the slider moves only once the
+    # worker is in it (earlier, the worker drops the request before compiling: another race)
+    compiling, slider_moved = threading.Event(), threading.Event()
     real_attribute = explain_module.attribute
 
     def attribute_after_the_slider_moved(*args: Any, **kwargs: Any) -> Any:
+        compiling.set()
         assert slider_moved.wait(TIMEOUT_S)
         return real_attribute(*args, **kwargs)
 
@@ -141,6 +142,7 @@ def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(
     app.explain_view.explain_w.click()
     worker = app.explain_view.worker
     assert worker is not None
+    assert compiling.wait(TIMEOUT_S), "the explanation never reached its compile"
     app.budget_w.value = app.budget_w.max  # the slider stays live meanwhile
     assert worker.is_alive() and app.choice is not None
     slider_moved.set()
@@ -150,7 +152,7 @@ def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(
     assert app.graph.marker_trace is None or len(_markers(app).x) == 0
 
 
-def test_another_comparison_and_stop(app: Explorer) -> None:
+def test_another_comparison_and_stop(app: Explorer, monkeypatch: pytest.MonkeyPatch) -> None:
     analysis = app.analysis
     assert analysis is not None
     app.budget_w.value = 0
@@ -165,13 +167,26 @@ def test_another_comparison_and_stop(app: Explorer) -> None:
     assert f"{1e3 * diff.time_delta:+.4f} ms/step" in shown
     assert app.explain_view.data is not None
     app.explain_view.compare_w.value = "dp"
-    # Stop while the whole step compiles: nothing of that explanation shows
+    # Stop while the whole step compiles: nothing of that explanation shows (the real
+    # attribution, held at its start until Stop was pressed)
+    compiling, stopped = threading.Event(), threading.Event()
+    real_attribute = explain_module.attribute
+
+    def attribute_after_stop(*args: Any, **kwargs: Any) -> Any:
+        compiling.set()
+        assert stopped.wait(TIMEOUT_S)
+        return real_attribute(*args, **kwargs)
+
+    monkeypatch.setattr(explain_module, "attribute", attribute_after_stop)
     app.explain_view.explain_w.click()
     explaining = app.explain_view.worker
     assert explaining is not None
+    assert compiling.wait(TIMEOUT_S), "the explanation never reached its compile"
     app.explain_view.stop_w.click()
-    assert explaining.is_alive(), "the explanation finished before Stop: no race"
+    assert explaining.is_alive()
+    stopped.set()
     explaining.join(TIMEOUT_S)
+    assert not explaining.is_alive()
     assert app.explain_view.status_w.value == "stopped"
     assert app.explain_view.data is None and app.explain_view.collectives_w.value == ""
 
