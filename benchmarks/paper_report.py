@@ -42,6 +42,7 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
             other = by_plan.get(name)
             row[name] = _ratio_cell(cfp, other)
         row["programs"] = cfp.get("programs", math.nan)
+        row["profiling s"] = cfp.get("profiling_s", math.nan)
         row["analyse s"] = cfp.get("analyse_s", math.nan)
         row["solve s"] = cfp.get("solve_s", math.nan)
         alpa = by_plan.get("alpa", {})
@@ -170,7 +171,10 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         "every row. Times are the whole training step compiled under each plan and priced on "
         "the platform (the `compiled` backend); ratios are baseline / CFP (> 1: CFP faster); "
         "OOM: the plan's compiled step needs more than the device memory (what it needs, per "
-        "device, as XLA:CPU schedules and assigns it)."
+        "device, as XLA:CPU schedules and assigns it). Search cost: `profiling s` is what "
+        "compiling and pricing the case's programs took when they were profiled, summed over "
+        "programs (cached or not, so a warm run shows its cold run's), `analyse s` this run's "
+        "tracing, segmenting and profiling, `solve s` the frontier's, `Alpa ILP s` HiGHS's."
         + (f" Quick grid: {QUICK_LAYERS} layers per model." if run.quick else ""),
         "",
         "## Goals",

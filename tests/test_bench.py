@@ -125,6 +125,7 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     compiled = frame[frame["plan"].isin(["fsdp", "alpa"])]
     assert list(compiled["predicted_s"]) == list(compiled["evaluated_s"])
     assert (cfp["programs"] > 0).all() and (cfp["analyse_s"] > 0).all()
+    assert (cfp["profiling_s"] > 0).all()
     assert frame.loc[frame["plan"] == "alpa", "alpa_variables"].gt(0).all()
 
     updated = readme.read_text()
@@ -137,6 +138,7 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     assert list(warm["evaluated_s"]) == list(frame["evaluated_s"])
     warm_cfp = warm[warm["plan"] == "cfp"]
     assert list(warm_cfp["programs_from_cache"]) == list(warm_cfp["programs"])
+    assert list(warm_cfp["profiling_s"]) == list(cfp["profiling_s"])  # the cold run's cost
     warm_text = again.read_text()
     assert f"; {len(cases) * 5 + 2 * len(cases)} whole-step evaluations read" in warm_text
     alpa = frame["plan"] == "alpa"
