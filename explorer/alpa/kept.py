@@ -213,9 +213,9 @@ def solve_alpa_kept(
             if store is not None:
                 store.put(problem, err)
             raise
+    for each in caught:  # what the solve warned is the caller's to see, as without a store
+        warnings.warn_explicit(each.message, each.category, each.filename, each.lineno)
     said = [w for w in caught if issubclass(w.category, AlpaTimeLimitWarning)]
-    for other in caught:  # what the solve warned is the caller's to see, as without a store
-        warnings.warn_explicit(other.message, other.category, other.filename, other.lineno)
     answer = IlpAnswer(
         objective=solution.objective,
         units=solution.units,
