@@ -32,6 +32,7 @@ class Case:
     batch: int | None = None  # None: the preset's batch
     layers: int | None = None  # None: the preset's depth
     abstract: bool = True  # paper-scale presets trace from abstract shapes
+    dtype: str | None = None  # None: the preset's
 
     @property
     def label(self) -> str:
@@ -40,6 +41,8 @@ class Case:
             parts.append(f"batch {self.batch}")
         if self.layers is not None:
             parts.append(f"{self.layers} layers")
+        if self.dtype is not None:
+            parts.append(f"in {self.dtype}")
         return " ".join(parts)
 
 
@@ -177,7 +180,12 @@ def build_step(case: Case) -> tuple[Any, tuple[Any, ...]]:
     from explorer import models
 
     model = models.build(
-        case.model, case.preset, layers=case.layers, batch=case.batch, abstract=case.abstract
+        case.model,
+        case.preset,
+        layers=case.layers,
+        batch=case.batch,
+        dtype=case.dtype,
+        abstract=case.abstract,
     )
     return model.step, model.args
 

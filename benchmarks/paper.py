@@ -59,7 +59,14 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     capacity = platform.device.memory_bytes
     began = start = time.perf_counter()
     step, args = build_step(
-        Case(case.model, case.preset, case.mesh, batch=case.batch, layers=case.layers)
+        Case(
+            case.model,
+            case.preset,
+            case.mesh,
+            batch=case.batch,
+            layers=case.layers,
+            dtype=case.dtype,
+        )
     )
     analysis = analyze(
         step, *args, mesh=case.mesh, platform=platform, cache=run.cache, progress=False
@@ -161,6 +168,7 @@ def _row(
         "batch": case.batch,
         "paper_batch": case.paper_batch,
         "layers": case.layers if case.layers is not None else "preset",
+        "dtype": case.dtype if case.dtype is not None else "preset",
         "plan": name,
         "predicted_s": plan.time if plan is not None else math.nan,
         "predicted_memory": plan.memory if plan is not None else math.nan,

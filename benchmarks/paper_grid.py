@@ -50,14 +50,28 @@ class PaperCase:
     batch: int  # the global batch of the step
     paper_batch: bool  # the preset's (the paper's) batch, or the smaller one
     layers: int | None = None  # None: the preset's depth
+    dtype: str | None = None  # None: the preset's (bf16); see `half_precision`
 
     @property
     def label(self) -> str:
         depth = "" if self.layers is None else f", {self.layers} layers"
+        precision = "" if self.dtype is None else f" in {self.dtype}"
         return (
-            f"{self.preset} batch {self.batch}{depth} on {self.platform} "
+            f"{self.preset}{precision} batch {self.batch}{depth} on {self.platform} "
             f"mesh {'x'.join(map(str, self.mesh))}"
         )
+
+
+def half_precision(platform: str) -> str | None:
+    """The dtype the grid's bf16 presets run in on `platform`: their own where the device
+    multiplies bf16, float16 where it has half-precision units for that alone (a V100 has no
+    bf16 units: the paper's V100 runs are fp16 mixed precision, as everyone's are)."""
+    from explorer.platforms import load_platform
+
+    device = load_platform(platform).device
+    if device.peak("bf16") is None and device.peak("f16") is not None:
+        return "float16"
+    return None
 
 
 def paper_cases(quick: bool) -> tuple[PaperCase, ...]:
@@ -68,7 +82,8 @@ def paper_cases(quick: bool) -> tuple[PaperCase, ...]:
         config = models.model_config(model, preset)
         batch = config.batch // 4 if small else config.batch
         layers = QUICK_LAYERS if quick else None
-        return PaperCase(model, preset, platform, mesh, batch, not small, layers)
+        dtype = half_precision(platform)
+        return PaperCase(model, preset, platform, mesh, batch, not small, layers, dtype)
 
     if quick:
         return tuple(case(m, p, "a100-pcie-8", (8,), False) for m, p in QUICK_MODELS)

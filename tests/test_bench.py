@@ -7,12 +7,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import pandas as pd
 import pytest
 from helpers import SHARED_CACHE
 
 from benchmarks.accuracy import accuracy_case
-from benchmarks.cases import README_END, README_START, Case, Run, quick_settings
+from benchmarks.cases import README_END, README_START, Case, Run, build_step, quick_settings
 from benchmarks.paper import run_paper
 from benchmarks.paper_grid import BASELINES, PaperCase, paper_cases, select_cases
 from benchmarks.paper_grid import README_END as PAPER_END
@@ -21,6 +23,7 @@ from benchmarks.paper_report import case_table
 from benchmarks.quality import geomean, quality_summary
 from benchmarks.report import write_report
 from explorer.errors import ExplorerError, InputError
+from explorer.platforms import load_platform
 
 
 def _run(tmp_path: Path) -> Run:
@@ -159,6 +162,24 @@ def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_rea
     assert "v100-nvlink-4 mesh 8: the platform has 4 devices, the mesh needs 8" in text
     assert "0 of 1 cases done" in text and "## Failures\n\nNone." in text
     assert "`python -m explorer bench --paper --only 'tiny'` in" in text  # says what it ran
+
+
+def test_the_paper_grid_runs_bf16_presets_in_float16_on_a_device_without_bf16_units() -> None:
+    grid = paper_cases(quick=False)
+    for case in grid:
+        device = load_platform(case.platform).device
+        no_bf16 = device.peak("bf16") is None and device.peak("f16") is not None
+        assert case.dtype == ("float16" if no_bf16 else None), case.label
+        assert (" in float16 batch " in case.label) == no_bf16, case.label
+    on_v100 = [case for case in grid if case.dtype is not None]
+    assert len(on_v100) == 10  # every model, at both batches, on the V100 node
+    # the case's step is built in that dtype: every floating parameter is float16
+    case = on_v100[0]
+    _, args = build_step(
+        Case(case.model, case.preset, case.mesh, batch=4, layers=1, dtype=case.dtype)
+    )
+    dtypes = {leaf.dtype for leaf in jax.tree.leaves(args[0])}
+    assert dtypes == {jnp.dtype("float16")}, dtypes
 
 
 def test_only_picks_paper_cases_by_label_in_its_order_and_refuses_a_stray_pattern() -> None:
