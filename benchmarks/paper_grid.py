@@ -78,12 +78,13 @@ def paper_cases(quick: bool) -> tuple[PaperCase, ...]:
     """The grid, most informative cases first (a stopped run still covers every model)."""
     from explorer import models
 
+    dtypes = {platform: half_precision(platform) for platform, _ in PLATFORM_MESHES}
+
     def case(model: str, preset: str, platform: str, mesh: tuple[int, ...], small: bool) -> Any:
         config = models.model_config(model, preset)
         batch = config.batch // 4 if small else config.batch
         layers = QUICK_LAYERS if quick else None
-        dtype = half_precision(platform)
-        return PaperCase(model, preset, platform, mesh, batch, not small, layers, dtype)
+        return PaperCase(model, preset, platform, mesh, batch, not small, layers, dtypes[platform])
 
     if quick:
         return tuple(case(m, p, "a100-pcie-8", (8,), False) for m, p in QUICK_MODELS)

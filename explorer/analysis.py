@@ -21,7 +21,7 @@ from explorer.mesh import MeshSpec
 from explorer.pins import solver_pins
 from explorer.plan import Plan, make_plan
 from explorer.plan_build import unpriced_segments
-from explorer.plan_types import IlpReport, InstanceChoice
+from explorer.plan_types import InstanceChoice
 from explorer.segments import ProgramCount, program_count
 from explorer.solve import Frontier, solve_frontier
 from explorer.space import config_count, reshard_signatures
@@ -165,16 +165,6 @@ class SegmentedStep:
         solution = solve_alpa_kept(
             self.graph, self.mesh, self.platform, memory_budget=memory_budget, time_limit=time_limit
         )
-        ilp = IlpReport(
-            objective=solution.objective,
-            units=solution.units,
-            status=solution.status,
-            solve_seconds=solution.solve_seconds,
-            variables=solution.variables,
-            integer_variables=solution.integer_variables,
-            constraints=solution.constraints,
-            memory=solution.memory,
-        )
 
         def plan_with(time: float, memory: int) -> Plan:
             return make_layout_plan(
@@ -191,7 +181,7 @@ class SegmentedStep:
                 values=solution.layout_map(),
                 operands={(o, p): d for o, p, d in solution.operands},
                 op_strategies=dict(solution.strategies),
-                ilp=ilp,
+                ilp=solution.report,
             )
 
         return self._priced_by_evaluation(plan_with)

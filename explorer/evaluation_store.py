@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 # what a plan document holds about its pricing, not about the program it compiles to
 PRICING_FIELDS = frozenset(
@@ -28,6 +28,13 @@ PRICING_FIELDS = frozenset(
 )
 
 _ACTIVE: dict[str, Any] = {"store": None}
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+Store = TypeVar("Store", bound=_Closable)
 _LOCK = threading.Lock()
 
 
@@ -87,16 +94,20 @@ class EvaluationStore:
 
 
 @contextlib.contextmanager
-def evaluations_kept_in(path: str | Path) -> Iterator[EvaluationStore]:
-    """While inside, `evaluate_on` reads and writes compiled evaluations in `path`."""
-    store = EvaluationStore(path)
-    previous = _ACTIVE["store"]
-    _ACTIVE["store"] = store
+def active_while_inside(slot: dict[str, Any], store: Store) -> Iterator[Store]:
+    """`store` in `slot["store"]` while inside (the one before it back after), then closed."""
+    previous = slot["store"]
+    slot["store"] = store
     try:
         yield store
     finally:
-        _ACTIVE["store"] = previous
+        slot["store"] = previous
         store.close()
+
+
+def evaluations_kept_in(path: str | Path) -> contextlib.AbstractContextManager[EvaluationStore]:
+    """While inside, `evaluate_on` reads and writes compiled evaluations in `path`."""
+    return active_while_inside(_ACTIVE, EvaluationStore(path))
 
 
 def active_store() -> EvaluationStore | None:

@@ -116,6 +116,23 @@ def test_explain_draws_the_engines_attribution_counterfactuals_and_diff(app: Exp
     assert f"{len(diff.blocks)} blocks" in shown
 
 
+def _hold_the_attribution(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[threading.Event, threading.Event]:
+    """The real attribution, held at its start: (set once a worker is in it, set to let it go
+    on). A test acts on the app only once the worker is compiling, where the race lies."""
+    compiling, release = threading.Event(), threading.Event()
+    real_attribute = explain_module.attribute
+
+    def held_attribute(*args: Any, **kwargs: Any) -> Any:
+        compiling.set()
+        assert release.wait(TIMEOUT_S)
+        return real_attribute(*args, **kwargs)
+
+    monkeypatch.setattr(explain_module, "attribute", held_attribute)
+    return compiling, release
+
+
 def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(
     app: Explorer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,15 +146,7 @@ def test_a_new_plan_clears_the_explanation_and_a_late_result_is_dropped(
     # a slider move while an explanation compiles: its result never shows. The real attribution
     # runs, held at its start until the slider has moved, and the slider moves only once the
     # worker is in it (earlier, the worker drops the request before compiling: another race)
-    compiling, slider_moved = threading.Event(), threading.Event()
-    real_attribute = explain_module.attribute
-
-    def attribute_after_the_slider_moved(*args: Any, **kwargs: Any) -> Any:
-        compiling.set()
-        assert slider_moved.wait(TIMEOUT_S)
-        return real_attribute(*args, **kwargs)
-
-    monkeypatch.setattr(explain_module, "attribute", attribute_after_the_slider_moved)
+    compiling, slider_moved = _hold_the_attribution(monkeypatch)
     app.budget_w.value = 0
     app.explain_view.explain_w.click()
     worker = app.explain_view.worker
@@ -169,15 +178,7 @@ def test_another_comparison_and_stop(app: Explorer, monkeypatch: pytest.MonkeyPa
     app.explain_view.compare_w.value = "dp"
     # Stop while the whole step compiles: nothing of that explanation shows (the real
     # attribution, held at its start until Stop was pressed)
-    compiling, stopped = threading.Event(), threading.Event()
-    real_attribute = explain_module.attribute
-
-    def attribute_after_stop(*args: Any, **kwargs: Any) -> Any:
-        compiling.set()
-        assert stopped.wait(TIMEOUT_S)
-        return real_attribute(*args, **kwargs)
-
-    monkeypatch.setattr(explain_module, "attribute", attribute_after_stop)
+    compiling, stopped = _hold_the_attribution(monkeypatch)
     app.explain_view.explain_w.click()
     explaining = app.explain_view.worker
     assert explaining is not None

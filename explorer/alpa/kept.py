@@ -20,14 +20,15 @@ import json
 import sqlite3
 import threading
 import warnings
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from explorer.errors import AlpaBudgetError, AlpaTimeLimitWarning
+from explorer.evaluation_store import active_while_inside
 from explorer.ir import DimAxes, Graph
 from explorer.mesh import mesh_spec
+from explorer.plan_types import IlpReport
 
 _ACTIVE: dict[str, Any] = {"store": None}
 _LOCK = threading.Lock()
@@ -50,17 +51,10 @@ _CODE = _code_digest()
 
 @dataclass(frozen=True, slots=True)
 class IlpAnswer:
-    """What `solve_alpa` decided, without the problem it built to decide it (the attributes a
-    plan is made of, named as `AlpaSolution`'s)."""
+    """What `solve_alpa` decided, without the problem it built to decide it: the ILP's report
+    and the layouts a plan is made of (named as `AlpaSolution`'s)."""
 
-    objective: float
-    units: str
-    status: str
-    solve_seconds: float  # of the run that solved it, kept or not
-    variables: int
-    integer_variables: int
-    constraints: int
-    memory: int
+    report: IlpReport  # its solve_seconds are the run's that solved it, kept or not
     layouts: tuple[tuple[int, DimAxes], ...]
     operands: tuple[tuple[int, int, DimAxes], ...]
     strategies: tuple[tuple[int, str], ...]
@@ -154,14 +148,7 @@ def _answer_from(fields: dict[str, Any]) -> IlpAnswer | AlpaBudgetError:
         return tuple(tuple(str(name) for name in dim) for dim in dims)
 
     return IlpAnswer(
-        objective=float(fields["objective"]),
-        units=str(fields["units"]),
-        status=str(fields["status"]),
-        solve_seconds=float(fields["solve_seconds"]),
-        variables=int(fields["variables"]),
-        integer_variables=int(fields["integer_variables"]),
-        constraints=int(fields["constraints"]),
-        memory=int(fields["memory"]),
+        report=IlpReport(**fields["report"]),
         layouts=tuple((int(v), axes(dims)) for v, dims in fields["layouts"]),
         operands=tuple((int(o), int(p), axes(dims)) for o, p, dims in fields["operands"]),
         strategies=tuple((int(o), str(name)) for o, name in fields["strategies"]),
@@ -170,17 +157,9 @@ def _answer_from(fields: dict[str, Any]) -> IlpAnswer | AlpaBudgetError:
     )
 
 
-@contextlib.contextmanager
-def ilp_answers_kept_in(path: str | Path) -> Iterator[IlpAnswerStore]:
+def ilp_answers_kept_in(path: str | Path) -> contextlib.AbstractContextManager[IlpAnswerStore]:
     """While inside, `solve_alpa_kept` reads and writes ILP answers in `path`."""
-    store = IlpAnswerStore(path)
-    previous = _ACTIVE["store"]
-    _ACTIVE["store"] = store
-    try:
-        yield store
-    finally:
-        _ACTIVE["store"] = previous
-        store.close()
+    return active_while_inside(_ACTIVE, IlpAnswerStore(path))
 
 
 def solve_alpa_kept(
@@ -219,7 +198,7 @@ def solve_alpa_kept(
     for each in caught:  # what the solve warned is the caller's to see, as without a store
         warnings.warn_explicit(each.message, each.category, each.filename, each.lineno)
     said = [w for w in caught if issubclass(w.category, AlpaTimeLimitWarning)]
-    answer = IlpAnswer(
+    report = IlpReport(
         objective=solution.objective,
         units=solution.units,
         status=solution.status,
@@ -228,9 +207,12 @@ def solve_alpa_kept(
         integer_variables=solution.integer_variables,
         constraints=solution.constraints,
         memory=solution.memory,
-        layouts=solution.layouts,
-        operands=solution.operands,
-        strategies=solution.strategies,
+    )
+    answer = IlpAnswer(
+        report,
+        solution.layouts,
+        solution.operands,
+        solution.strategies,
         warning=str(said[0].message) if said else None,
     )
     if store is not None:
