@@ -98,7 +98,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     for name in BASELINES:
         begun = time.perf_counter()
         try:
-            plans[name], notes[name] = _baseline(analysis, name, capacity)
+            plans[name], notes[name] = _baseline(run, analysis, name, capacity)
         except Exception as err:
             run.failed(f"{case.label}: {name}", err)
         if name == "alpa":
@@ -116,19 +116,22 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     run.log(f"   {case.label}: {time.perf_counter() - began:.0f} s")
 
 
-def _baseline(analysis: Any, name: str, capacity: int) -> tuple[Any, str]:
+def _baseline(run: PaperRun, analysis: Any, name: str, capacity: int) -> tuple[Any, str]:
     """A baseline plan and a note on how it was obtained."""
     from explorer.alpa import AlpaBudgetError, AlpaTimeLimitWarning
 
+    kept = dict(evaluations=run.evaluations, ilp_answers=run.ilp_answers)
     if name != "alpa":
-        return analysis.baseline(name), ""
+        return analysis.baseline(name, **kept), ""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", AlpaTimeLimitWarning)
         try:
-            plan = analysis.baseline(name, memory_budget=capacity, time_limit=ALPA_TIME_LIMIT)
+            plan = analysis.baseline(
+                name, memory_budget=capacity, time_limit=ALPA_TIME_LIMIT, **kept
+            )
             note = ""
         except AlpaBudgetError:
-            plan = analysis.baseline(name, time_limit=ALPA_TIME_LIMIT)
+            plan = analysis.baseline(name, time_limit=ALPA_TIME_LIMIT, **kept)
             note = "no ILP solution within the device memory: solved without the budget"
     status = plan.ilp.status if plan.ilp is not None else ""
     if any(issubclass(w.category, AlpaTimeLimitWarning) for w in caught):
@@ -144,7 +147,8 @@ def _evaluate_all(
     truths = {}
     for name, plan in plans.items():
         try:
-            truths[name] = evaluate_on(plan, [case.platform], step, *args)[case.platform]
+            evaluated = evaluate_on(plan, [case.platform], step, *args, store=run.evaluations)
+            truths[name] = evaluated[case.platform]
         except Exception as err:
             run.failed(f"{case.label}: evaluate {name}", err)
     return truths
@@ -342,8 +346,8 @@ def run_paper(
     path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
     answers (default: in the user's cache folder, so that a second run is warm). `only` keeps
     the cases whose label contains one of its patterns, in its order."""
-    from explorer.alpa import ilp_answers_kept_in
-    from explorer.evaluation_store import evaluations_kept_in
+    from explorer.alpa import IlpAnswerStore
+    from explorer.evaluation_store import EvaluationStore
 
     grid = tuple(cases) if cases is not None else paper_cases(quick)
     if only is not None:
@@ -351,9 +355,10 @@ def run_paper(
     cache = cache if cache is not None else DEFAULT_CACHE.expanduser()
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
     with (
-        evaluations_kept_in(cache.with_suffix(".evaluations.sqlite")) as store,
-        ilp_answers_kept_in(cache.with_suffix(".alpa.sqlite")) as answers,
+        EvaluationStore(cache.with_suffix(".evaluations.sqlite")) as store,
+        IlpAnswerStore(cache.with_suffix(".alpa.sqlite")) as answers,
     ):
+        run.evaluations, run.ilp_answers = store, answers
         for case in grid:
             log(f"== {case.label}")
             try:

@@ -28,6 +28,8 @@ from explorer.space import config_count, reshard_signatures
 from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
+    from explorer.alpa import IlpAnswerStore
+    from explorer.evaluation_store import EvaluationStore
     from explorer.platforms import Platform
     from explorer.profile.profiles import Profiles
 
@@ -113,7 +115,13 @@ class SegmentedStep:
         ]
 
     def baseline(
-        self, name: str, *, memory_budget: float | None = None, time_limit: float = 60.0
+        self,
+        name: str,
+        *,
+        memory_budget: float | None = None,
+        time_limit: float = 60.0,
+        evaluations: EvaluationStore | None = None,
+        ilp_answers: IlpAnswerStore | None = None,
     ) -> Plan:
         """A baseline plan priced by compiling the whole step under it (`evaluate`): the
         templates `dp`, `megatron` and `fsdp`, or `alpa`, the Alpa-style ILP over per-op
@@ -124,15 +132,20 @@ class SegmentedStep:
         profiles, so its predicted time and memory are the whole step compiled under the plan
         too; the ILP's objective, size and status are kept in the plan's `ilp` field.
         `memory_budget` (bytes per device) and `time_limit` (seconds, the best feasible plan
-        when reached) are the ILP's; templates ignore them."""
+        when reached) are the ILP's; templates ignore them. `evaluations` keeps the compiled
+        whole steps across runs, `ilp_answers` the ILP's answers (without them: computed)."""
         if name == "alpa":
-            return self._alpa_plan(memory_budget, time_limit)
+            return self._alpa_plan(memory_budget, time_limit, evaluations, ilp_answers)
         per_block = baseline_choices(name, self.block_analysis, self.segments)
         layouts = fsdp_parameter_layouts(self.graph, self.mesh) if name == "fsdp" else None
-        return self._evaluated_plan(name, per_block, layouts)
+        return self._evaluated_plan(name, per_block, layouts, evaluations)
 
     def _evaluated_plan(
-        self, name: str, per_block: tuple[int, ...], layouts: dict[str, DimAxes] | None
+        self,
+        name: str,
+        per_block: tuple[int, ...],
+        layouts: dict[str, DimAxes] | None,
+        evaluations: EvaluationStore | None,
     ) -> Plan:
         """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
         a restricted run left out), priced by compiling the whole step under it."""
@@ -156,14 +169,25 @@ class SegmentedStep:
                 parameter_layouts=layouts,
             )
 
-        return self._priced_by_evaluation(plan_with)
+        return self._priced_by_evaluation(plan_with, evaluations)
 
-    def _alpa_plan(self, memory_budget: float | None, time_limit: float) -> Plan:
+    def _alpa_plan(
+        self,
+        memory_budget: float | None,
+        time_limit: float,
+        evaluations: EvaluationStore | None,
+        ilp_answers: IlpAnswerStore | None,
+    ) -> Plan:
         from explorer.alpa import solve_alpa_kept
         from explorer.plan import make_layout_plan
 
         solution = solve_alpa_kept(
-            self.graph, self.mesh, self.platform, memory_budget=memory_budget, time_limit=time_limit
+            self.graph,
+            self.mesh,
+            self.platform,
+            memory_budget=memory_budget,
+            time_limit=time_limit,
+            store=ilp_answers,
         )
 
         def plan_with(time: float, memory: int) -> Plan:
@@ -184,13 +208,15 @@ class SegmentedStep:
                 ilp=solution.report,
             )
 
-        return self._priced_by_evaluation(plan_with)
+        return self._priced_by_evaluation(plan_with, evaluations)
 
-    def _priced_by_evaluation(self, plan_with: Callable[[float, int], Plan]) -> Plan:
+    def _priced_by_evaluation(
+        self, plan_with: Callable[[float, int], Plan], evaluations: EvaluationStore | None
+    ) -> Plan:
         """A plan whose predictions are its whole step compiled and priced (`evaluate`)."""
         from explorer.plan import evaluate
 
-        truth = evaluate(plan_with(0.0, 0), self.step, *self.args)
+        truth = evaluate(plan_with(0.0, 0), self.step, *self.args, store=evaluations)
         return plan_with(truth.time, truth.memory)
 
     if not TYPE_CHECKING:  # hidden from the type checker, so a typo stays a type error
@@ -291,15 +317,26 @@ class Analysis(SegmentedStep):
         return self._plan(source, tuple(int(i) for i in selection), None)
 
     def baseline(
-        self, name: str, *, memory_budget: float | None = None, time_limit: float = 60.0
+        self,
+        name: str,
+        *,
+        memory_budget: float | None = None,
+        time_limit: float = 60.0,
+        evaluations: EvaluationStore | None = None,
+        ilp_answers: IlpAnswerStore | None = None,
     ) -> Plan:
         """A template plan (`dp`, `megatron`, `fsdp`) priced by the same cost model where the
         profiles hold it; `fsdp` (its parameter layouts are not a block configuration) and a
         template a restricted run (`only=`) did not profile by compiling the whole step.
-        `alpa` is as for a `SegmentedStep`."""
+        `alpa` and the stores are as for a `SegmentedStep`."""
         if name in ("alpa", "fsdp"):
             return SegmentedStep.baseline(
-                self, name, memory_budget=memory_budget, time_limit=time_limit
+                self,
+                name,
+                memory_budget=memory_budget,
+                time_limit=time_limit,
+                evaluations=evaluations,
+                ilp_answers=ilp_answers,
             )
         model = self.cost_model
         per_block = baseline_choices(name, self.block_analysis, self.segments)
@@ -314,7 +351,7 @@ class Analysis(SegmentedStep):
             ]
             if not found:
                 # a restricted run (`only=`) may not hold the template: price it on the whole step
-                return SegmentedStep.baseline(self, name)
+                return SegmentedStep.baseline(self, name, evaluations=evaluations)
             selection.append(found[0])
         return self._plan(name, tuple(selection), None)
 

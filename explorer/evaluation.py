@@ -1,20 +1,20 @@
 """Evaluation: the whole step compiled under a plan and priced on a platform, the ground truth
 predictions are judged on. One compilation prices on any number of platforms (the compiled
-program does not depend on the platform); an active `EvaluationStore` keeps evaluations
-across runs, keyed by the program and the platform's content.
+program does not depend on the platform); an `EvaluationStore`, when given, keeps
+evaluations across runs, keyed by the program and the platform's content.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import jax
 
 from explorer import _jax_compat as jc
-from explorer.evaluation_store import active_store, layout_digest, platform_key
+from explorer.evaluation_store import EvaluationStore, layout_digest, platform_key
 from explorer.ir import Graph, ShardingAssignment
 from explorer.mesh import make_mesh
 from explorer.plan_document import _check_plan_and_step, plan_to_json
@@ -41,12 +41,15 @@ class Evaluation:
     emitted: tuple[tuple[str, int, tuple[str, ...], int], ...] = ()
 
 
-def evaluate(plan: Plan, step: Callable[..., Any], *args: Any) -> Evaluation:
+def evaluate(
+    plan: Plan, step: Callable[..., Any], *args: Any, store: EvaluationStore | None = None
+) -> Evaluation:
     """Ground truth for a plan: compile the whole step and price it with the same backend,
-    on the platform the plan records (never a platform looked up again by its name)."""
+    on the platform the plan records (never a platform looked up again by its name).
+    `store` keeps compiled evaluations across runs (see `evaluate_on`)."""
     _check_plan_and_step(plan, step, "evaluate")
     platform = plan.platform
-    return evaluate_on(plan, [platform], step, *args)[platform]
+    return evaluate_on(plan, [platform], step, *args, store=store)[platform]
 
 
 @dataclass(frozen=True)
@@ -85,12 +88,15 @@ def evaluate_on(
     step: Callable[..., Any],
     *args: Any,
     backend: str = "compiled",
+    store: EvaluationStore | None = None,
 ) -> dict[PlatformKey, Evaluation]:
     """`evaluate` priced on each of `platforms` (`Platform` objects, preset names or files),
     from one compilation: the compiled program does not depend on the platform, only its
     pricing does. The answer is keyed by what was given. With `backend="measured"` the step
     runs on the devices JAX sees and is timed instead (the platform then only splits the time
-    into communication and computation)."""
+    into communication and computation). `store` keeps compiled evaluations across runs:
+    the step is compiled only where it holds none of the plan's program on every platform
+    (a measured one is never kept: it is this machine's, not a platform's)."""
     from explorer.platforms import resolve_platform
     from explorer.profile.backends import (
         Backend,
@@ -105,7 +111,7 @@ def evaluate_on(
 
     kind = Backend(backend)
     targets = {given: resolve_platform(given, "evaluate_on: platforms") for given in platforms}
-    kept = _kept_evaluations(plan, targets) if kind is Backend.COMPILED else None
+    kept = _kept_evaluations(plan, targets, store) if kind is Backend.COMPILED else None
     if kept is not None:  # every platform's evaluation of this program is in the store
         return kept
     step_under = lower_step(plan, step, args)
@@ -133,10 +139,10 @@ def evaluate_on(
             collectives=len(priced.collectives),
             emitted=emitted(priced.collectives),
         )
-    store = active_store()
     if store is not None and kind is Backend.COMPILED:
         for given, evaluation in out.items():
-            store.put(_program_digest(plan), platform_key(targets[given].to_json()), evaluation)
+            key = (_program_digest(plan), platform_key(targets[given].to_json()))
+            store.put(key, asdict(evaluation))
     return out
 
 
@@ -149,23 +155,24 @@ def _program_digest(plan: Plan) -> str:
 
 
 def _kept_evaluations(
-    plan: Plan, targets: Mapping[PlatformKey, Platform]
+    plan: Plan, targets: Mapping[PlatformKey, Platform], store: EvaluationStore | None
 ) -> dict[PlatformKey, Evaluation] | None:
     """The store's evaluations of `plan` on every one of `targets`, or None (compile)."""
-    store = active_store()
     if store is None:
         return None
     found = {}
     for given, platform in targets.items():
-        fields = store.get(_program_digest(plan), platform_key(platform.to_json()))
-        if fields is None:
+        key = (_program_digest(plan), platform_key(platform.to_json()))
+        evaluation = store.get(key, _evaluation_from)
+        if evaluation is None:
             return None
-        try:
-            fields["emitted"] = tuple(
-                (kind, int(nbytes), tuple(axes), int(group))
-                for kind, nbytes, axes, group in fields["emitted"]
-            )
-            found[given] = Evaluation(**fields)
-        except (KeyError, TypeError, ValueError):  # a row of another shape: compile again
-            return None
+        found[given] = evaluation
     return found
+
+
+def _evaluation_from(fields: dict[str, Any]) -> Evaluation:
+    emitted = tuple(
+        (str(kind), int(nbytes), tuple(str(a) for a in axes), int(group))
+        for kind, nbytes, axes, group in fields.pop("emitted")
+    )
+    return Evaluation(**fields, emitted=emitted)

@@ -7,7 +7,7 @@ import math
 import re
 import sqlite3
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,12 @@ import explorer as ex
 from explorer.alpa import (
     AlpaBudgetError,
     AlpaTimeLimitWarning,
+    IlpAnswerStore,
     OpModel,
     all_gather_cost,
     all_reduce_cost,
     all_to_all_cost,
     comm_model,
-    ilp_answers_kept_in,
     reduce_scatter_cost,
     solve_alpa,
     solve_alpa_kept,
@@ -245,52 +245,53 @@ def test_a_kept_answer_is_the_answer_again_with_its_warning_or_its_budget_error(
 ) -> None:
     _, _, graph = traced("gpt", 2)
     path = tmp_path / "alpa.sqlite"
-    with ilp_answers_kept_in(path) as store:
-        solved = solve_alpa_kept(graph, (2, 2), PLATFORM)
+    with IlpAnswerStore(path) as store:
+        solve = partial(solve_alpa_kept, store=store)
+        solved = solve(graph, (2, 2), PLATFORM)
         assert not solved.kept and store.hits == 0
         assert solved.layouts == solve_alpa(graph, (2, 2), PLATFORM).layouts
-        assert solve_alpa_kept(graph, (2, 2), PLATFORM) == replace(solved, kept=True)
+        assert solve(graph, (2, 2), PLATFORM) == replace(solved, kept=True)
         assert store.hits == 1
         with pytest.warns(AlpaTimeLimitWarning, match="time limit of 0.001 s") as first:
-            limited = solve_alpa_kept(graph, (2, 2), PLATFORM, time_limit=1e-3)
+            limited = solve(graph, (2, 2), PLATFORM, time_limit=1e-3)
         assert store.hits == 1 and limited.warning is not None
         with pytest.raises(AlpaBudgetError, match="memory budget of 1000 bytes") as refused:
-            solve_alpa_kept(graph, (4,), PLATFORM, memory_budget=1000)
+            solve(graph, (4,), PLATFORM, memory_budget=1000)
     # another store on the same file, as the next run opens it
-    with ilp_answers_kept_in(path) as store:
-        assert solve_alpa_kept(graph, (2, 2), PLATFORM) == replace(solved, kept=True)
+    with IlpAnswerStore(path) as store:
+        solve = partial(solve_alpa_kept, store=store)
+        assert solve(graph, (2, 2), PLATFORM) == replace(solved, kept=True)
         with pytest.warns(AlpaTimeLimitWarning) as again:
-            assert solve_alpa_kept(graph, (2, 2), PLATFORM, time_limit=1e-3) == replace(
-                limited, kept=True
-            )
+            assert solve(graph, (2, 2), PLATFORM, time_limit=1e-3) == replace(limited, kept=True)
         assert [str(w.message) for w in again] == [str(w.message) for w in first]
         with pytest.raises(AlpaBudgetError) as kept_refusal:
-            solve_alpa_kept(graph, (4,), PLATFORM, memory_budget=1000)
+            solve(graph, (4,), PLATFORM, memory_budget=1000)
         assert str(kept_refusal.value) == str(refused.value)
         assert store.hits == 3
         # another mesh, budget, platform or graph is another problem
-        assert not solve_alpa_kept(graph, (4,), PLATFORM).kept
-        assert not solve_alpa_kept(graph, (2, 2), PLATFORM, memory_budget=1e12).kept
-        assert not solve_alpa_kept(graph, (2, 2), load_platform(PLATFORM).scaled(2)).kept
-        assert not solve_alpa_kept(traced("gpt", 1)[2], (2, 2), PLATFORM).kept
+        assert not solve(graph, (4,), PLATFORM).kept
+        assert not solve(graph, (2, 2), PLATFORM, memory_budget=1e12).kept
+        assert not solve(graph, (2, 2), load_platform(PLATFORM).scaled(2)).kept
+        assert not solve(traced("gpt", 1)[2], (2, 2), PLATFORM).kept
         assert store.hits == 3
     # a damaged answer is solved again, with a warning, and kept anew
     with sqlite3.connect(path) as db:
         db.execute("UPDATE answers SET fields = '{\"objective\": '")
-    with ilp_answers_kept_in(path) as store:
-        with pytest.warns(UserWarning, match="unreadable ILP answer"):
-            again_solved = solve_alpa_kept(graph, (2, 2), PLATFORM)
+    with IlpAnswerStore(path) as store:
+        solve = partial(solve_alpa_kept, store=store)
+        with pytest.warns(UserWarning, match="unreadable row in 'answers'"):
+            again_solved = solve(graph, (2, 2), PLATFORM)
         assert not again_solved.kept and again_solved.layouts == solved.layouts
-        assert solve_alpa_kept(graph, (2, 2), PLATFORM) == replace(again_solved, kept=True)
+        assert solve(graph, (2, 2), PLATFORM) == replace(again_solved, kept=True)
         assert store.hits == 1
 
 
 def test_a_baseline_from_a_kept_answer_is_the_same_plan(tmp_path: Path) -> None:
     step, args, _ = _mlp_graph(8, 64, 64)
     analysis = ex.analyze(step, *args, mesh=(4,), platform=PLATFORM, profile=False)
-    with ilp_answers_kept_in(tmp_path / "alpa.sqlite") as store:
-        solved = analysis.baseline("alpa")
-        kept = analysis.baseline("alpa")
+    with IlpAnswerStore(tmp_path / "alpa.sqlite") as store:
+        solved = analysis.baseline("alpa", ilp_answers=store)
+        kept = analysis.baseline("alpa", ilp_answers=store)
         assert store.hits == 1
     assert kept == solved and kept.ilp is not None and kept.ilp.status == "optimal"
 

@@ -16,7 +16,7 @@ from helpers import SHARED_CACHE
 
 import explorer as ex
 from explorer.baselines import baseline_choices
-from explorer.evaluation_store import evaluations_kept_in
+from explorer.evaluation_store import EvaluationStore
 from explorer.ir import Config
 from explorer.plan import Plan, PlanError, evaluate_on, make_plan
 from explorer.plan_document import plan_to_json
@@ -71,14 +71,14 @@ def test_the_plan_and_every_baseline_of_a_scaled_platform_evaluate_on_it(
     )
     assert scaled.name == f"{BASE}-bw2x"
     plans = {"cfp": analysis.plan(), **{name: analysis.baseline(name) for name in BASELINES}}
-    with evaluations_kept_in(tmp_path / "evaluations.sqlite") as store:
+    with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
         for name, plan in plans.items():
             assert plan.platform_name == scaled.name, name
             assert plan.platform == scaled, name
-            both = evaluate_on(plan, [scaled, BASE], step, *args)
+            both = evaluate_on(plan, [scaled, BASE], step, *args, store=store)
             on_scaled, on_base = both[scaled], both[BASE]
             hits = store.hits
-            assert ex.evaluate(plan, step, *args) == on_scaled, name
+            assert ex.evaluate(plan, step, *args, store=store) == on_scaled, name
             assert store.hits == hits + 1, name  # the scaled platform's row, not recompiled
             # one program, priced twice: computation alike, communication at twice the
             # bandwidth (same latencies) strictly faster wherever the step communicates
@@ -99,9 +99,9 @@ def test_a_plan_evaluates_and_saves_with_its_scaled_platform(tmp_path: Path) -> 
     loaded = ex.load_plan(plan.save(tmp_path / "plan.json"))
     assert loaded == plan
     assert loaded.platform == scaled
-    with evaluations_kept_in(tmp_path / "evaluations.sqlite") as store:
-        on_both = evaluate_on(loaded, [scaled, BASE], step, *args)
-        assert ex.evaluate(loaded, step, *args) == on_both[scaled]
+    with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
+        on_both = evaluate_on(loaded, [scaled, BASE], step, *args, store=store)
+        assert ex.evaluate(loaded, step, *args, store=store) == on_both[scaled]
         assert store.hits == 1  # the scaled platform's row, kept by evaluate_on
     on_scaled, on_base = on_both[scaled], on_both[BASE]
     assert on_scaled.collectives > 0  # data parallelism all-reduces its gradients
@@ -114,12 +114,12 @@ def test_the_store_keys_on_the_platform_content_not_its_name(tmp_path: Path) -> 
     base = load_platform(BASE)
     # the same name, twice the bandwidth: another platform, whose evaluation is its own
     impostor = dataclasses.replace(base.scaled(2), name=base.name)
-    with evaluations_kept_in(tmp_path / "evaluations.sqlite") as store:
-        on_base = evaluate_on(plan, [base], step, *args)[base]
-        on_impostor = evaluate_on(plan, [impostor], step, *args)[impostor]
+    with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
+        on_base = evaluate_on(plan, [base], step, *args, store=store)[base]
+        on_impostor = evaluate_on(plan, [impostor], step, *args, store=store)[impostor]
         assert store.hits == 0
         assert on_impostor.t_comm < on_base.t_comm
-        assert evaluate_on(plan, [BASE], step, *args)[BASE] == on_base
+        assert evaluate_on(plan, [BASE], step, *args, store=store)[BASE] == on_base
         assert store.hits == 1
 
 

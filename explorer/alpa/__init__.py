@@ -11,8 +11,8 @@ Graph, without ParallelBlocks, one idea per module:
    and edge costs and liveness (`problem`); one-hot choice variables, the linearised edge
    terms and the memory rows, solved by HiGHS (`ilp`); `solve_alpa` decodes the answer into an
    `AlpaSolution`, a layout for every value (`solve`).
-4. **Kept answers** (`kept`): `solve_alpa_kept` reads an answer from the store that
-   `ilp_answers_kept_in` made active, by a digest of the problem, or solves it and keeps it.
+4. **Kept answers** (`kept`): `solve_alpa_kept` reads an answer from the store it is given,
+   by a digest of the problem, or solves it and keeps it.
 
 `symbolic` gives Alpa's prediction of each CFP configuration (the CFP paper's Fig. 9), and
 `errors` what the ILP raises and warns. Turning a solution's layouts into a
@@ -33,7 +33,7 @@ from explorer.alpa.comm import (
     reduce_scatter_cost,
 )
 from explorer.alpa.ilp import build_problem
-from explorer.alpa.kept import IlpAnswer, IlpAnswerStore, ilp_answers_kept_in, solve_alpa_kept
+from explorer.alpa.kept import IlpAnswer, IlpAnswerStore, solve_alpa_kept
 from explorer.alpa.ops import PARTIAL_REDUCTIONS, OpModel, OpStrategy, layout_name
 from explorer.alpa.problem import AlpaProblem
 from explorer.alpa.solve import AlpaSolution, solve_alpa
@@ -63,7 +63,6 @@ __all__ = [
     "all_to_all_cost",
     "build_problem",
     "comm_model",
-    "ilp_answers_kept_in",
     "layout_name",
     "reduce_scatter_cost",
     "replicated",

@@ -5,8 +5,8 @@ Building and solving the ILP of a paper-scale step takes minutes on a CPU core (
 benchmark asks the same question on every run. A store keeps each answer, the layouts it chose
 with the ILP's report, or the budget error it raised, under a digest of everything that decides
 it: the traced graph, the mesh, the platform's figures, the memory budget, the time limit, the
-ILP's own code and SciPy's version (HiGHS). `solve_alpa_kept` consults the store that
-`ilp_answers_kept_in` made active; without one it solves every time, as `solve_alpa` does.
+ILP's own code and SciPy's version (HiGHS). `solve_alpa_kept` consults the store it is given;
+without one it solves every time, as `solve_alpa` does.
 
 An answer found at the time limit is the one that run found, and a hit gives its warning again:
 a faster machine might have found a better plan within the same limit.
@@ -14,24 +14,17 @@ a faster machine might have found a better plan within the same limit.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import sqlite3
-import threading
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from explorer.errors import AlpaBudgetError, AlpaTimeLimitWarning
-from explorer.evaluation_store import active_while_inside
 from explorer.ir import DimAxes, Graph
+from explorer.kept_rows import KeptRows
 from explorer.mesh import mesh_spec
 from explorer.plan_types import IlpReport
-
-_ACTIVE: dict[str, Any] = {"store": None}
-_LOCK = threading.Lock()
 
 
 def _code_digest() -> str:
@@ -96,48 +89,22 @@ def problem_digest(
     return hasher.hexdigest()
 
 
-class IlpAnswerStore:
+class IlpAnswerStore(KeptRows):
     """An SQLite table of answers: problem digest -> the answer's fields or its budget error."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS answers (problem TEXT PRIMARY KEY, fields TEXT)"
-        )
-        self._db.commit()
-        self.hits = 0
+        super().__init__(path, "answers", ("problem",))
 
-    def get(self, problem: str) -> IlpAnswer | AlpaBudgetError | None:
-        with _LOCK:
-            row = self._db.execute(
-                "SELECT fields FROM answers WHERE problem = ?", (problem,)
-            ).fetchone()
-        if row is None:
-            return None
-        try:
-            found = _answer_from(json.loads(row[0]))
-        except (ValueError, KeyError, TypeError):  # a damaged row is a miss: solve again
-            warnings.warn(f"{self.path}: unreadable ILP answer, solving again", stacklevel=2)
-            return None
-        self.hits += 1
-        return found
+    def get_answer(self, problem: str) -> IlpAnswer | AlpaBudgetError | None:
+        return self.get((problem,), _answer_from)
 
-    def put(self, problem: str, answer: IlpAnswer | AlpaBudgetError) -> None:
+    def put_answer(self, problem: str, answer: IlpAnswer | AlpaBudgetError) -> None:
         if isinstance(answer, AlpaBudgetError):
             fields: dict[str, Any] = {"budget_error": str(answer)}
         else:
             fields = asdict(answer)
             del fields["kept"]
-        with _LOCK:
-            self._db.execute(
-                "INSERT OR REPLACE INTO answers VALUES (?, ?)", (problem, json.dumps(fields))
-            )
-            self._db.commit()
-
-    def close(self) -> None:
-        self._db.close()
+        self.put((problem,), fields)
 
 
 def _answer_from(fields: dict[str, Any]) -> IlpAnswer | AlpaBudgetError:
@@ -157,11 +124,6 @@ def _answer_from(fields: dict[str, Any]) -> IlpAnswer | AlpaBudgetError:
     )
 
 
-def ilp_answers_kept_in(path: str | Path) -> contextlib.AbstractContextManager[IlpAnswerStore]:
-    """While inside, `solve_alpa_kept` reads and writes ILP answers in `path`."""
-    return active_while_inside(_ACTIVE, IlpAnswerStore(path))
-
-
 def solve_alpa_kept(
     graph: Graph,
     mesh: Any,
@@ -170,17 +132,17 @@ def solve_alpa_kept(
     memory_budget: float | None = None,
     time_limit: float = 60.0,
     defaults: bool = False,
+    store: IlpAnswerStore | None = None,
 ) -> IlpAnswer:
-    """`solve_alpa`'s answer, from the active store when it holds it (its time-limit warning
-    and its budget error given again), else solved and kept there."""
+    """`solve_alpa`'s answer, from `store` when it holds it (its time-limit warning and its
+    budget error given again), else solved and kept there (without a store: solved)."""
     from explorer.alpa.solve import solve_alpa
 
-    store: IlpAnswerStore | None = _ACTIVE["store"]
     question: dict[str, Any] = dict(
         memory_budget=memory_budget, time_limit=time_limit, defaults=defaults
     )
     problem = problem_digest(graph, mesh, platform, **question) if store is not None else ""
-    found = store.get(problem) if store is not None else None
+    found = store.get_answer(problem) if store is not None else None
     if isinstance(found, AlpaBudgetError):
         raise found
     if found is not None:
@@ -193,7 +155,7 @@ def solve_alpa_kept(
             solution = solve_alpa(graph, mesh, platform, **question)
         except AlpaBudgetError as err:
             if store is not None:
-                store.put(problem, err)
+                store.put_answer(problem, err)
             raise
     for each in caught:  # what the solve warned is the caller's to see, as without a store
         warnings.warn_explicit(each.message, each.category, each.filename, each.lineno)
@@ -216,5 +178,5 @@ def solve_alpa_kept(
         warning=str(said[0].message) if said else None,
     )
     if store is not None:
-        store.put(problem, answer)
+        store.put_answer(problem, answer)
     return answer
