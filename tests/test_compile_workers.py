@@ -21,8 +21,17 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from explorer._jax_compat import CompileRequest, compile_request, read_executable
+from explorer.errors import BytesError
 from explorer.profile.backends import FAST_COMPILE
-from explorer.profile.compile_workers import CompileFailed, CompileWorkers, WorkerDied
+from explorer.profile.compile_workers import (
+    MEMORY_LIMIT_VARIABLE,
+    CompileFailed,
+    CompileOutOfMemory,
+    CompileWorkers,
+    WorkerDied,
+    resident_bytes,
+    worker_memory_limit,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,6 +153,49 @@ def test_a_worker_refuses_to_serve_code_other_than_this_process_runs(
             workers.compile(_request())
     finally:
         workers.close()
+
+
+def test_a_worker_over_its_memory_limit_is_stopped_and_its_compile_says_so() -> None:
+    """A compile that runs away is stopped before it takes the machine: here the limit is
+    below what a worker holds once JAX is imported, so the watchdog stops it while it
+    answers its first program. The program is not sent again (it would only grow again),
+    and the error says what was held, what is allowed and how to allow more."""
+    limit = 64 * 2**20
+    workers = CompileWorkers(processes=1, device_count=jax.device_count(), memory_limit=limit)
+    try:
+        with pytest.raises(CompileOutOfMemory) as stopped:
+            workers.compile(_request())
+        assert workers.started == 1 and workers.pids() == []
+    finally:
+        workers.close()
+    said = str(stopped.value)
+    assert stopped.value.kind == "CompileOutOfMemory" and isinstance(stopped.value, CompileFailed)
+    assert "over the 0.1 GiB a compile worker may hold" in said
+    assert f"Set {MEMORY_LIMIT_VARIABLE}" in said
+    # a limit above what compiling the program takes stops nothing
+    roomy = CompileWorkers(processes=1, device_count=jax.device_count(), memory_limit=2**40)
+    try:
+        assert roomy.compile(_request()).memory is not None
+        (pid,) = roomy.pids()
+        held = resident_bytes(pid)
+        assert held is not None and limit < held < 2**40
+    finally:
+        roomy.close()
+
+
+def test_the_worker_memory_limit_is_half_the_machine_or_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(MEMORY_LIMIT_VARIABLE, raising=False)
+    with open("/proc/meminfo") as meminfo:
+        total = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemTotal"))
+    assert worker_memory_limit() == total // 2
+    monkeypatch.setenv(MEMORY_LIMIT_VARIABLE, "12GiB")
+    assert worker_memory_limit() == 12 * 2**30
+    assert CompileWorkers(processes=1, device_count=8).memory_limit == 12 * 2**30
+    monkeypatch.setenv(MEMORY_LIMIT_VARIABLE, "a lot")
+    with pytest.raises(BytesError, match=MEMORY_LIMIT_VARIABLE):
+        CompileWorkers(processes=1, device_count=8)
 
 
 def test_bad_worker_counts_are_refused() -> None:

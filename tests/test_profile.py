@@ -422,10 +422,12 @@ def test_ten_times_the_bandwidth_cuts_communication_not_computation() -> None:
 
 
 def _profile_layer_to_head(
-    selected: Callable[[str], bool], on_program: Callable[[int], None] | None = None
+    selected: Callable[[str], bool],
+    on_program: Callable[[int], None] | None = None,
+    cache: ProfileCache | None = None,
 ) -> pd.DataFrame:
     """Tiny GPT's layer->head boundaries whose configuration `selected` accepts, profiled
-    cold on mesh 4 by two threads."""
+    on mesh 4 by two threads (cold, unless `cache` holds them)."""
     graph, analysis, segmentation = _tiny_gpt()
     return profile_all(
         graph,
@@ -433,7 +435,7 @@ def _profile_layer_to_head(
         segmentation,
         mesh_spec((4,)),
         platform=load_platform("a100-pcie-8"),
-        cache=ProfileCache(None),
+        cache=ProfileCache(None) if cache is None else cache,
         progress=False,
         workers=2,
         only=lambda kind, label, config: label == "layer->head" and selected(config),
@@ -491,6 +493,29 @@ def test_profiles_compiled_in_recycled_workers_equal_profiles_compiled_here(
     assert workers.started == programs  # a fresh worker for every program
     priced = [c for c in COLUMNS if c not in ("seconds", "cached")]
     pd.testing.assert_frame_equal(there[priced], here[priced])
+
+
+def test_a_compile_stopped_at_the_memory_limit_is_infeasible_here_and_not_kept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A worker stopped for memory says something of this machine, not of the program: the
+    run records it as infeasible with the reason, and the cache keeps nothing, so a run with
+    more memory (here: workers without the limit) profiles it."""
+    starved = CompileWorkers(processes=2, device_count=jax.device_count(), memory_limit=2**26)
+    monkeypatch.setattr(runner, "compile_workers", lambda backend, threads: starved)
+    with ProfileCache(tmp_path / "profiles.sqlite") as cache:
+        try:
+            stopped = _profile_layer_to_head(lambda config: True, cache=cache)
+        finally:
+            starved.close()
+        compiled = stopped[stopped["program"] != ""]  # a boundary where nothing moves has none
+        assert len(compiled) >= 3 and (compiled["status"] == "infeasible").all()
+        assert compiled["reason"].str.startswith("CompileOutOfMemory: the compiler held").all()
+        assert len(cache) == 0
+        monkeypatch.setattr(runner, "compile_workers", lambda backend, threads: None)
+        profiled = _profile_layer_to_head(lambda config: True, cache=cache)
+        assert (profiled["status"] == "ok").all() and not profiled["cached"].any()
+        assert len(cache) == distinct_programs(profiled)
 
 
 def test_measured_mode_refuses_a_mesh_larger_than_the_devices() -> None:

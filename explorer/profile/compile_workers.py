@@ -16,6 +16,13 @@ to its stderr, a temporary file read back when a worker dies.
 
 Only compile-only pricing on the CPU uses workers: a measured program must run where it was
 compiled, and a GPU worker would claim device memory of its own.
+
+A worker is also where a compile that runs away is stopped. XLA:CPU can need far more memory
+for a program than its like: BERT-large's FSDP step in float16 at batch 8 on 4 devices grows
+past 9 GiB in its fusion pass within minutes (21 GB when left alone), where the same step in
+bfloat16 compiles in 25 s. A watchdog stops any worker holding more than `memory_limit`
+(`worker_memory_limit`: half the machine, or $EXPLORER_COMPILE_MEMORY_LIMIT), and that compile
+raises `CompileOutOfMemory` instead of taking the machine, the user's notebook with it.
 """
 
 from __future__ import annotations
@@ -31,16 +38,22 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from explorer._jax_compat import CompiledText, CompileRequest, compile_from_request
 from explorer.errors import ExplorerError
+from explorer.units import parse_bytes
 
 # A worker exits after compiling this many programs; the next request starts a fresh one.
 # Starting one costs ~1-2 s (importing JAX); 100 programs cost ~60-90 s on the tiny MoE.
 PROGRAMS_PER_WORKER = 100
+
+# bytes one worker may hold while it compiles ("16GiB"); default: half the machine's memory
+MEMORY_LIMIT_VARIABLE = "EXPLORER_COMPILE_MEMORY_LIMIT"
+MEMORY_POLL_SECONDS = 0.5  # how often the watchdog reads each worker's resident memory
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 _CODE_VARIABLE = "EXPLORER_COMPILE_WORKER_CODE"
@@ -74,11 +87,59 @@ class CompileFailed(ExplorerError):
         self.kind = kind
 
 
+class CompileOutOfMemory(CompileFailed):
+    """A worker held more memory than its limit while compiling and was stopped: a fact about
+    this machine's memory, not about the program (a profile of it is not kept)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(type(self).__name__, message)
+
+
+def _meminfo(name: str) -> int | None:
+    """A line of Linux's /proc/meminfo, in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith(f"{name}:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+def worker_memory_limit() -> int | None:
+    """Bytes one compile worker may hold: $EXPLORER_COMPILE_MEMORY_LIMIT when set ("16GiB",
+    or bytes), else half of this machine's memory; None where neither is known (no watchdog:
+    resident memory is read from Linux's /proc)."""
+    given = os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip()
+    if given:
+        return int(parse_bytes(given, MEMORY_LIMIT_VARIABLE))
+    total = _meminfo("MemTotal")
+    return None if total is None else total // 2
+
+
+def _limit_source() -> str:
+    if os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip():
+        return f"{MEMORY_LIMIT_VARIABLE}"
+    return "half of this machine's memory"
+
+
+def resident_bytes(pid: int) -> int | None:
+    """The resident memory of process `pid` (Linux's /proc/PID/statm); None once it has
+    gone, or where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @dataclass(eq=False)  # one per process: compared and hashed by identity
 class _Worker:
     process: subprocess.Popen[bytes]
     stderr: IO[bytes]
     compiled: int = 0
+    stopped_because: str | None = None  # why the watchdog stopped it, if it did
 
     def ask(self, request: CompileRequest) -> tuple[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -87,7 +148,10 @@ class _Worker:
             self.process.stdin.flush()
             answer: tuple[str, Any] = pickle.load(self.process.stdout)
         except (BrokenPipeError, EOFError, OSError, pickle.UnpicklingError) as err:
-            raise WorkerDied(self._death(err)) from None
+            death = self._death(err)
+            if self.stopped_because is not None:
+                raise CompileOutOfMemory(self.stopped_because) from None
+            raise WorkerDied(death) from None
         self.compiled += 1
         return answer
 
@@ -119,7 +183,8 @@ class _Worker:
 
 @dataclass
 class CompileWorkers:
-    """Up to `processes` workers, each recycled after `programs_per_worker` programs.
+    """Up to `processes` workers, each recycled after `programs_per_worker` programs, each
+    stopped when it holds more than `memory_limit` bytes (None: never).
 
     `compile` is safe to call from several threads: each call takes an idle worker (starting
     one when fewer than `processes` run), so `processes` programs compile at once.
@@ -128,9 +193,11 @@ class CompileWorkers:
     processes: int
     device_count: int
     programs_per_worker: int = PROGRAMS_PER_WORKER
+    memory_limit: int | None = field(default_factory=worker_memory_limit)
     _idle: queue.LifoQueue[_Worker | None] = field(init=False, repr=False)
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _all: set[_Worker] = field(init=False, repr=False, default_factory=set)
+    _watchdog: threading.Thread | None = field(init=False, repr=False, default=None)
     started: int = field(init=False, default=0)  # workers started so far (a probe for tests)
 
     def __post_init__(self) -> None:
@@ -199,7 +266,36 @@ class CompileWorkers:
         with self._lock:
             self._all.add(worker)
             self.started += 1
+            if self.memory_limit is not None and self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watch_memory, name="compile-worker-watchdog", daemon=True
+                )
+                self._watchdog.start()
         return worker
+
+    def _watch_memory(self) -> None:
+        """Stop every worker that holds more than `memory_limit`; end when none runs (the
+        next worker started starts another watchdog)."""
+        limit = self.memory_limit
+        assert limit is not None
+        while True:
+            with self._lock:
+                workers = list(self._all)
+                if not workers:
+                    self._watchdog = None
+                    return
+            for worker in workers:
+                held = resident_bytes(worker.process.pid)
+                if held is not None and held > limit and worker.process.poll() is None:
+                    worker.stopped_because = (
+                        f"the compiler held {held / 2**30:.1f} GiB compiling this program, "
+                        f"over the {limit / 2**30:.1f} GiB a compile worker may hold "
+                        f"({_limit_source()}): it was stopped before it took the machine's "
+                        f"memory. Set {MEMORY_LIMIT_VARIABLE} (e.g. "
+                        f"'{2 * limit / 2**30:.0f}GiB') to allow more"
+                    )
+                    worker.process.kill()
+            time.sleep(MEMORY_POLL_SECONDS)
 
     def _retire(self, worker: _Worker) -> None:
         with self._lock:
@@ -239,14 +335,7 @@ WORKER_MEMORY_BYTES = 512 * 2**20
 def available_memory() -> int | None:
     """Bytes the machine can still give without swapping (Linux's MemAvailable); None
     where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        return None
-    return None
+    return _meminfo("MemAvailable")
 
 
 _shared: CompileWorkers | None = None

@@ -45,7 +45,7 @@ from explorer.profile.backends import (
     price_compiled,
 )
 from explorer.profile.cache import ProfileCache, ProfileRecord, ProgramKey
-from explorer.profile.compile_workers import CompileFailed, CompileWorkers
+from explorer.profile.compile_workers import CompileFailed, CompileOutOfMemory, CompileWorkers
 from explorer.profile.jobs import PROGRAM_VERSION, _Built, _Context, _Job, program_version
 from explorer.profile.profiles import COLUMNS, Profile, Profiles
 from explorer.profile.records import (
@@ -201,11 +201,15 @@ def _run(
             if cancelled() and future.cancel():  # not started: drop it
                 continue
             record = _finish(job, future, context, best)
+            # a compile stopped at this machine's memory limit says nothing of the program:
+            # infeasible for this run, not kept (a machine with more memory profiles it)
+            machine_bound = isinstance(future.exception(), CompileOutOfMemory)
             del future
             following = None if cancelled() else next(pending, None)
             if following is not None:
                 window.append((following, submit(following)))
-            cache.put(record)
+            if not machine_bound:
+                cache.put(record)
             profiles.extend(
                 _profile(same, record, context, was_cached=False) for same in sharing[job.key]
             )
