@@ -28,11 +28,12 @@ from explorer.plan_types import IlpReport
 
 
 def _code_digest() -> str:
-    """The ILP's code: a change to how it is built or solved makes every kept answer stale
-    (this module only keeps answers: a change to it alone leaves them good)."""
+    """The ILP's code: a change to how it is built or solved makes every kept answer stale.
+    This module only keeps answers and the package's `__init__` only names them: a change to
+    either alone leaves them good."""
     digest = hashlib.sha256()
     for path in sorted(Path(__file__).parent.glob("*.py")):
-        if path.name == Path(__file__).name:
+        if path.name in (Path(__file__).name, "__init__.py"):
             continue
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
