@@ -201,6 +201,23 @@ def test_only_picks_paper_cases_by_label_in_its_order_and_refuses_a_stray_patter
         select_cases(grid, ["llama_7b", "gpt-2"])
 
 
+def test_a_report_of_chosen_cases_says_which_cases_of_the_grid_it_left_out(
+    tmp_path: Path,
+) -> None:
+    from benchmarks.paper_grid import PaperRun
+    from benchmarks.paper_report import write_report
+
+    only = ("bert_large_bf16 batch 8 on a100-pcie-8 mesh 8",)
+    grid = paper_cases(quick=False)
+    run = PaperRun(False, select_cases(grid, only), tmp_path, tmp_path / "c.sqlite", print, only)
+    report = write_report(run, finished=True).read_text()
+    assert f"0 of 1 cases done (chosen by `--only` from the grid's {len(grid)})" in report
+    assert f"- {len(grid) - 1} of the grid's {len(grid)} cases, not chosen by `--only`: " in report
+    left_out = report.split("not chosen by `--only`: ")[1].splitlines()[0].split("; ")
+    assert left_out == [c.label for c in grid if c.label != only[0]]
+    assert f"- {only[0]}: not reached before the run ended" in report
+
+
 def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
     from explorer.cli import main
 
