@@ -170,7 +170,8 @@ def test_a_worker_over_its_memory_limit_is_stopped_and_its_compile_says_so() -> 
         workers.close()
     said = str(stopped.value)
     assert stopped.value.kind == "CompileOutOfMemory" and isinstance(stopped.value, CompileFailed)
-    assert "over the 0.1 GiB a compile worker may hold" in said
+    assert "the compiler grew past the 0.1 GiB a compile worker may hold" in said
+    assert "was stopped at " in said
     assert f"Set {MEMORY_LIMIT_VARIABLE}" in said
     # a limit above what compiling the program takes stops nothing
     roomy = CompileWorkers(processes=1, device_count=jax.device_count(), memory_limit=2**40)

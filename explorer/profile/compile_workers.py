@@ -288,10 +288,10 @@ class CompileWorkers:
                 held = resident_bytes(worker.process.pid)
                 if held is not None and held > limit and worker.process.poll() is None:
                     worker.stopped_because = (
-                        f"the compiler held {held / 2**30:.1f} GiB compiling this program, "
-                        f"over the {limit / 2**30:.1f} GiB a compile worker may hold "
-                        f"({_limit_source()}): it was stopped before it took the machine's "
-                        f"memory. Set {MEMORY_LIMIT_VARIABLE} (e.g. "
+                        f"compiling this program, the compiler grew past the "
+                        f"{limit / 2**30:.1f} GiB a compile worker may hold ({_limit_source()}) "
+                        f"and was stopped at {held / 2**30:.2f} GiB, before it took the "
+                        f"machine's memory. Set {MEMORY_LIMIT_VARIABLE} (e.g. "
                         f"'{2 * limit / 2**30:.0f}GiB') to allow more"
                     )
                     worker.process.kill()
