@@ -145,7 +145,7 @@ class SegmentedStep:
         name: str,
         per_block: tuple[int, ...],
         layouts: dict[str, DimAxes] | None,
-        evaluations: EvaluationStore | None,
+        evaluations: EvaluationStore | None = None,
     ) -> Plan:
         """A block configuration the profiles cannot price (FSDP's parameter layouts, or one
         a restricted run left out), priced by compiling the whole step under it."""
