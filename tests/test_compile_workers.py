@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import jax
@@ -182,6 +183,48 @@ def test_a_worker_over_its_memory_limit_is_stopped_and_its_compile_says_so() -> 
         assert held is not None and limit < held < 2**40
     finally:
         roomy.close()
+
+
+@pytest.mark.slow
+def test_a_worker_whose_parent_dies_mid_compile_stops_with_it() -> None:
+    """The parent reads a worker's memory and closes its input: once the parent is killed,
+    a worker in a long (or runaway) compile would go on alone. It stops within a second or
+    so, long before the compile it was in would have ended."""
+    script = ROOT / "tests" / "scripts" / "compile_orphan.py"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def run(*argv: str) -> str:
+        done = subprocess.run(
+            [sys.executable, str(script), *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        return done.stdout
+
+    layers, waited = "2000", 3.0
+    said = run("die", layers, str(waited))  # the worker imports JAX, then compiles
+    pid = int(said.split("worker ")[1].split()[0])
+    gone_after = None
+    start = time.perf_counter()
+    while time.perf_counter() - start < 30:
+        if not os.path.exists(f"/proc/{pid}") or "zombie" in _state(pid):
+            gone_after = time.perf_counter() - start
+            break
+        time.sleep(0.1)
+    assert gone_after is not None and gone_after < 2.5
+    compile_seconds = float(run("time", layers).split("seconds ")[1].split()[0])
+    assert compile_seconds > waited + gone_after + 2  # the compile was far from its end
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next((line for line in status if line.startswith("State:")), "").lower()
+    except OSError:
+        return ""
 
 
 def test_the_worker_memory_limit_is_half_the_machine_or_the_variable(

@@ -54,6 +54,7 @@ PROGRAMS_PER_WORKER = 100
 # bytes one worker may hold while it compiles ("16GiB"); default: half the machine's memory
 MEMORY_LIMIT_VARIABLE = "EXPLORER_COMPILE_MEMORY_LIMIT"
 MEMORY_POLL_SECONDS = 0.5  # how often the watchdog reads each worker's resident memory
+PARENT_POLL_SECONDS = 0.5  # how often a worker checks that the process that started it lives
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 _CODE_VARIABLE = "EXPLORER_COMPILE_WORKER_CODE"
@@ -371,6 +372,9 @@ def _serve() -> None:
     # (it cancels, then closes this worker's input); a worker that died of it would only be
     # restarted for the programs in flight, delaying the stop by a compile or two
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(
+        target=_exit_with_parent, args=(os.getppid(),), name="parent-watch", daemon=True
+    ).start()
     requests = sys.stdin.buffer
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt answers
@@ -385,6 +389,15 @@ def _serve() -> None:
             answer = ("error", (type(err).__name__, str(err).strip()))
         pickle.dump(answer, answers, protocol=pickle.HIGHEST_PROTOCOL)
         answers.flush()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End this worker once the process that started it is gone (killed, crashed): its end
+    of input is read only between programs, and the parent's watchdog went with the parent,
+    so a compile running away would otherwise go on taking the machine's memory."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_SECONDS)
+    os._exit(4)
 
 
 if __name__ == "__main__":
