@@ -121,7 +121,7 @@ def worker_memory_limit() -> int | None:
 
 def _limit_source() -> str:
     if os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip():
-        return f"{MEMORY_LIMIT_VARIABLE}"
+        return MEMORY_LIMIT_VARIABLE
     return "half of this machine's memory"
 
 
@@ -140,19 +140,24 @@ class _Worker:
     process: subprocess.Popen[bytes]
     stderr: IO[bytes]
     compiled: int = 0
-    stopped_because: str | None = None  # why the watchdog stopped it, if it did
+    busy: bool = False  # compiling a program now
+    stopped_because: str | None = None  # why the watchdog stopped it in this program
 
     def ask(self, request: CompileRequest) -> tuple[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
+        # a worker stopped while idle died between programs: not this program's doing
+        self.stopped_because, self.busy = None, True
         try:
             pickle.dump(request, self.process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             self.process.stdin.flush()
             answer: tuple[str, Any] = pickle.load(self.process.stdout)
         except (BrokenPipeError, EOFError, OSError, pickle.UnpicklingError) as err:
-            death = self._death(err)
+            death = self._death(err)  # reaps the process either way
             if self.stopped_because is not None:
                 raise CompileOutOfMemory(self.stopped_because) from None
             raise WorkerDied(death) from None
+        finally:
+            self.busy = False
         self.compiled += 1
         return answer
 
@@ -287,7 +292,9 @@ class CompileWorkers:
                     return
             for worker in workers:
                 held = resident_bytes(worker.process.pid)
-                if held is not None and held > limit and worker.process.poll() is None:
+                if held is None or held <= limit or worker.process.poll() is not None:
+                    continue
+                if worker.busy:  # its program made it grow; idle, it is only replaced
                     worker.stopped_because = (
                         f"compiling this program, the compiler grew past the "
                         f"{limit / 2**30:.1f} GiB a compile worker may hold ({_limit_source()}) "
@@ -295,7 +302,7 @@ class CompileWorkers:
                         f"machine's memory. Set {MEMORY_LIMIT_VARIABLE} (e.g. "
                         f"'{2 * limit / 2**30:.0f}GiB') to allow more"
                     )
-                    worker.process.kill()
+                worker.process.kill()
             time.sleep(MEMORY_POLL_SECONDS)
 
     def _retire(self, worker: _Worker) -> None:
