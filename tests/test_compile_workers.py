@@ -204,7 +204,7 @@ def test_a_worker_whose_parent_dies_mid_compile_stops_with_it() -> None:
         )
         return done.stdout
 
-    layers, waited = "2000", 3.0
+    layers, waited = "3000", 3.0
     said = run("die", layers, str(waited))  # the worker imports JAX, then compiles
     pid = int(said.split("worker ")[1].split()[0])
     gone_after = None
