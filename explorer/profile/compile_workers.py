@@ -119,12 +119,6 @@ def worker_memory_limit() -> int | None:
     return None if total is None else total // 2
 
 
-def _limit_source() -> str:
-    if os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip():
-        return MEMORY_LIMIT_VARIABLE
-    return "half of this machine's memory"
-
-
 def resident_bytes(pid: int) -> int | None:
     """The resident memory of process `pid` (Linux's /proc/PID/statm); None once it has
     gone, or where it cannot be read."""
@@ -297,9 +291,9 @@ class CompileWorkers:
                 if worker.busy:  # its program made it grow; idle, it is only replaced
                     worker.stopped_because = (
                         f"compiling this program, the compiler grew past the "
-                        f"{limit / 2**30:.1f} GiB a compile worker may hold ({_limit_source()}) "
-                        f"and was stopped at {held / 2**30:.2f} GiB, before it took the "
-                        f"machine's memory. Set {MEMORY_LIMIT_VARIABLE} (e.g. "
+                        f"{limit / 2**30:.1f} GiB a compile worker may hold and was stopped "
+                        f"at {held / 2**30:.2f} GiB, before it took the machine's memory. Set "
+                        f"{MEMORY_LIMIT_VARIABLE} (default: half of this machine's memory; e.g. "
                         f"'{2 * limit / 2**30:.0f}GiB') to allow more"
                     )
                 worker.process.kill()
