@@ -3,9 +3,12 @@
 1-D mesh: one strategy per partitionable role of the block's head (E, M, N, K) whose dim
 divides by the mesh size. 2-D mesh: by default the batch role M is pinned to the outer axis
 (the paper's rule) and the inner axis takes any role (M again meaning M over both axes), so
-the space has the size of the 1-D one; `free_axes=True` enumerates every axis-to-role
-assignment. A strategy that cannot apply is kept in `ParallelBlock.excluded` with the reason;
-a block left with none keeps only the replicated strategy.
+a dense block's space has the size of the 1-D one. The expert role E may also span both axes
+(expert parallelism over the whole mesh, GShard's layout): like M it splits with no partial
+sums, and without it a 2-D mesh could not hold the experts' 1-D plan. `free_axes=True`
+enumerates every axis-to-role assignment. A strategy that cannot apply is kept in
+`ParallelBlock.excluded` with the reason; a block left with none keeps only the replicated
+strategy.
 
 `shardings()` turns a Config into a layout for every value the blocks own (by propagation,
 computed in blocks.py), the step's parameters and their optimizer state (from the consuming
@@ -94,6 +97,8 @@ def _candidates(roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool) 
                 out.append(Strategy(((DimRole.M, names),)))
             else:
                 out.append(Strategy(((DimRole.M, (outer,)), (role, inner))))
+            if role is DimRole.E:  # experts over the whole mesh, as the batch can be
+                out.append(Strategy(((DimRole.E, names),)))
         return out
     out = []
     for choice in itertools.product(roles, repeat=len(names)):

@@ -104,6 +104,26 @@ def test_two_d_mesh_pins_batch_to_the_outer_axis_by_default() -> None:
     assert len(free.blocks[0].strategies) == 9
 
 
+def test_two_d_mesh_offers_the_experts_over_both_axes() -> None:
+    # the 1-D expert plan (E over every device) stays reachable on a 2-D mesh; dense
+    # blocks keep the pinned space of three
+    graph, _ = analysed("moe", (4,))
+    spec = mesh_spec((2, 2))
+    pinned = build_space(build_blocks(graph, spec.size), spec)
+    experts = [
+        b
+        for b in pinned.blocks
+        if DimRole.E in b.roles and graph.ops[b.head].input_types[1].rank == 3
+    ]
+    assert experts, "the batched expert matmul heads a block"
+    for block in experts:
+        names = [s.name for s in block.strategies]
+        assert names == ["M@x,E@y", "E@x+y", "M@x+y", "M@x,N@y", "M@x,K@y"], names
+    dense = [b for b in pinned.blocks if DimRole.E not in b.roles]
+    assert dense and all("E@x+y" not in [s.name for s in b.strategies] for b in dense)
+    assert all(len(b.strategies) == 3 for b in dense if b.scope.startswith("layer_0"))
+
+
 def test_a_mesh_that_divides_nothing_leaves_the_replicated_strategy_with_a_reason() -> None:
     graph, _ = analysed("gpt", (4,))
     spec = mesh_spec((5,))
