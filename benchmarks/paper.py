@@ -31,6 +31,7 @@ from benchmarks.paper_grid import (
     ALPA_TIME_LIMIT,
     BASELINES,
     DEFAULT_CACHE,
+    KEPT_CACHE,
     PAPER_DIR,
     PaperCase,
     PaperRun,
@@ -344,7 +345,8 @@ def run_paper(
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
     path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
-    answers (default: in the user's cache folder, so that a second run is warm). `only` keeps
+    answers (default: the committed `KEPT_CACHE` for the full grid, the user's cache folder for
+    the quick one, so that a second run is warm). `only` keeps
     the cases whose label contains one of its patterns, in its order."""
     from explorer.alpa import IlpAnswerStore
     from explorer.evaluation_store import EvaluationStore
@@ -352,7 +354,8 @@ def run_paper(
     grid = tuple(cases) if cases is not None else paper_cases(quick)
     if only is not None:
         grid = select_cases(grid, only)
-    cache = cache if cache is not None else DEFAULT_CACHE.expanduser()
+    if cache is None:
+        cache = DEFAULT_CACHE.expanduser() if quick else KEPT_CACHE
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
     with (
         EvaluationStore(cache.with_suffix(".evaluations.sqlite")) as store,

@@ -97,7 +97,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "patterns, in the patterns' order (e.g. 'llama_7b_bf16 batch 2,moe_7_1b_bf16 batch 4')",
     )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
-    bench.add_argument("--cache", default=None, help="profile cache (default: a cold one)")
+    bench.add_argument(
+        "--cache",
+        default=None,
+        help="profile cache (default: a cold one; with --paper the caches committed under "
+        "assets/bench/paper/kept, with --paper --quick ~/.cache/explorer)",
+    )
     bench.add_argument(
         "--sections", default="overhead,accuracy,quality,slider", help="comma-separated subset"
     )
