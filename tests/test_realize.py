@@ -161,6 +161,19 @@ def test_random_configurations_of_the_other_models_match(name: str, shape: tuple
         assert_trees_close(expected, _run(graph, analysis, shape, choices, warm), RTOL, ATOL)
 
 
+def test_moe_with_its_experts_over_both_axes_matches() -> None:
+    # the 2-D space's expert strategy over the whole mesh, on every block that offers it
+    step, args, graph = traced("moe", 2)
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    analysis = _space(graph, (2, 2))
+    names = [[s.name for s in b.strategies] for b in analysis.blocks]
+    choices = tuple(n.index("E@x+y") if "E@x+y" in n else 0 for n in names)
+    assert sum(1 for n in names if "E@x+y" in n) >= 4  # the expert einsums of the MoE layer
+    assert_trees_close(plain(*warm), _run(graph, analysis, (2, 2), choices, warm), RTOL, ATOL)
+
+
 def test_random_bits_are_generated_per_shard_as_accelerators_generate_them() -> None:
     """Dropout's random bits under a batch split, placed as a plan places them: no device
     holds a buffer of the whole global array of bits. The CPU's own lowering (a rolled

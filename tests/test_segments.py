@@ -125,9 +125,10 @@ def test_moe_program_count_does_not_grow_with_depth(mesh: tuple[int, ...]) -> No
     print(counts)
     # 2 layers (one dense, one MoE) lack the MoE-to-dense boundary, whose reshardings move
     # what the MoE-to-head boundary moves: counted by content, every depth needs the same
-    # programs. Measured 336 on mesh 4.
+    # programs. Measured 336 on mesh 4; 548 on 2x4, where the expert blocks also take E over
+    # both axes.
     assert counts[2] == counts[4] == counts[8] == counts[16]
-    assert max(counts.values()) <= 400
+    assert max(counts.values()) <= (400 if len(mesh) == 1 else 600)
 
 
 def test_every_op_is_in_exactly_one_segment_and_flops_add_up() -> None:
