@@ -357,11 +357,25 @@ ReshardSignature = tuple[tuple[str, tuple[int, ...], DimAxes, DimAxes], ...]
 
 
 def changed_moves(
-    moves: tuple[tuple[int, DimAxes, DimAxes], ...],
+    graph: Graph, moves: tuple[tuple[int, DimAxes, DimAxes], ...]
 ) -> tuple[tuple[int, DimAxes, DimAxes], ...]:
-    """The moves that change a layout: a value already where the next block wants it costs
-    nothing at the boundary, in the whole step as in a profile."""
-    return tuple(move for move in moves if move[1] != move[2])
+    """The moves that cost something at the boundary, in the whole step as in a profile: a
+    value already where the next block wants it stays, and a scalar broadcast (a cotangent
+    of zeros, say) is made where it is wanted, on every device, as the whole step makes it
+    (a resharding program given it as an input would all-gather it)."""
+    return tuple(
+        move for move in moves if move[1] != move[2] and not _scalar_broadcast(graph, move[0])
+    )
+
+
+def _scalar_broadcast(graph: Graph, vid: int) -> bool:
+    producer = graph.values[vid].producer
+    if producer is None:
+        return False
+    op = graph.ops[producer]
+    return op.primitive == "broadcast_in_dim" and all(
+        graph.values[i].type.rank == 0 for i in op.inputs
+    )
 
 
 def reshard_signature(
@@ -371,7 +385,7 @@ def reshard_signature(
     return tuple(
         sorted(
             (graph.values[v].type.dtype, graph.values[v].type.shape, source, target)
-            for v, source, target in changed_moves(moves)
+            for v, source, target in changed_moves(graph, moves)
         )
     )
 

@@ -239,7 +239,7 @@ class _Context:
                 last_choice=last,
                 first_choice=first,
             )
-            program = reshard_program(self.graph, changed_moves(moves), self.jax_mesh)
+            program = reshard_program(self.graph, changed_moves(self.graph, moves), self.jax_mesh)
             return _Built(program, None, frozenset())
 
         return build
