@@ -22,7 +22,7 @@ BASELINES = ("dp", "megatron", "fsdp", "alpa")
 DEFAULT_CACHE = Path("~/.cache/explorer/paper-profiles.sqlite")  # the quick grid's
 # The full grid's caches (profiles, and beside them whole-step evaluations and ILP answers),
 # committed with the report: a clean checkout regenerates it warm, and a session adds cases to
-# what earlier ones profiled instead of starting cold (a cold case takes 4-26 min on 2 cores).
+# what earlier ones profiled instead of starting cold (a cold case takes 4-62 min on 2 cores).
 KEPT_CACHE = PAPER_DIR / "kept" / "profiles.sqlite"
 ALPA_TIME_LIMIT = 600.0  # seconds, as Alpa's own auto-sharding solver
 
