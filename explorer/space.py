@@ -369,12 +369,11 @@ def changed_moves(
 
 
 def _scalar_broadcast(graph: Graph, vid: int) -> bool:
-    producer = graph.values[vid].producer
-    if producer is None:
-        return False
-    op = graph.ops[producer]
-    return op.primitive == "broadcast_in_dim" and all(
-        graph.values[i].type.rank == 0 for i in op.inputs
+    op = graph.producer(vid)
+    return (
+        op is not None
+        and op.primitive == "broadcast_in_dim"
+        and all(graph.values[i].type.rank == 0 for i in op.inputs)
     )
 
 
