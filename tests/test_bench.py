@@ -27,7 +27,7 @@ from benchmarks.paper_grid import (
 )
 from benchmarks.paper_grid import README_END as PAPER_END
 from benchmarks.paper_grid import README_START as PAPER_START
-from benchmarks.paper_report import case_table
+from benchmarks.paper_report import case_table, goals, unfitted
 from benchmarks.quality import geomean, quality_summary
 from benchmarks.report import write_report
 from explorer.errors import ExplorerError, InputError
@@ -99,6 +99,28 @@ def test_the_paper_case_table_says_by_how_much_a_baseline_is_over_the_device() -
     assert table["dp"] == "0.75 (OOM, 42.2 GiB)" and table["megatron"] == "failed"
     no_plan = pd.DataFrame([row("cfp", math.nan, False, math.nan), row("dp", 3.3, False, 84.0)])
     assert case_table(no_plan).iloc[0]["dp"] == "3300 ms (OOM, 84.0 GiB)"
+
+
+def test_a_case_where_only_a_baseline_fits_the_device_counts_as_a_loss() -> None:
+    def row(case: str, plan: str, seconds: float, fits: bool) -> dict[str, Any]:
+        return {
+            "case": case, "model": "m", "plan": plan, "evaluated_s": seconds, "fits": fits,
+            "evaluated_memory": 30 * 2**30, "time_error": 0.01, "note": "no plan fits",
+        }  # fmt: skip
+
+    won = [row("won", "cfp", 1.0, True), row("won", "alpa", 1.2, True)]
+    unfit = [row("unfit", "cfp", math.nan, False), row("unfit", "alpa", 1.4, True),
+             row("unfit", "dp", 0.9, False)]  # fmt: skip
+    frame = pd.DataFrame(won + unfit)
+    assert [(u["case"], [name for name, _ in u["baselines"]]) for u in unfitted(frame)] == [
+        ("unfit", ["alpa"])
+    ]
+    assert goals(frame)[0].startswith(
+        "CFP at least as fast as every baseline that fits: 1 of 2 cases; in 1 of them a "
+        "baseline fits the device and no CFP plan does"
+    )
+    neither = pd.DataFrame([*won, row("oom", "cfp", math.nan, False), row("oom", "dp", 2.0, False)])
+    assert unfitted(neither) == [] and "1 of 1 cases (goal" in goals(neither)[0]
 
 
 @pytest.mark.slow
