@@ -7,6 +7,7 @@ import math
 import os
 import platform as host
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,16 @@ from benchmarks.paper_grid import (
 from benchmarks.quality import geomean
 
 
+def _plans_by_case(frame: pd.DataFrame) -> Iterator[tuple[str, dict[str, dict[Any, Any]]]]:
+    """Per case, in the run's order: its rows keyed by plan ("cfp", "dp", ...)."""
+    for label, group in frame.groupby("case", sort=False):
+        yield str(label), {r["plan"]: r for r in group.to_dict("records")}
+
+
 def case_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per case: the CFP plan's evaluated time and error, and each baseline's time over it."""
     rows = []
-    for label, group in frame.groupby("case", sort=False):
-        by_plan = {r["plan"]: r for r in group.to_dict("records")}
+    for label, by_plan in _plans_by_case(frame):
         cfp = by_plan.get("cfp", {})
         time_ms = 1e3 * cfp.get("evaluated_s", math.nan)
         row: dict[str, Any] = {
@@ -73,8 +79,7 @@ def ratios(frame: pd.DataFrame) -> pd.DataFrame:
     A baseline that does not fit the device counts as it runs: it cannot (so it is left
     out of the means and counted apart)."""
     rows = []
-    for label, group in frame.groupby("case", sort=False):
-        by_plan = {r["plan"]: r for r in group.to_dict("records")}
+    for label, by_plan in _plans_by_case(frame):
         cfp = by_plan.get("cfp")
         if cfp is None or not math.isfinite(cfp["evaluated_s"]):
             continue
@@ -123,8 +128,7 @@ def unfitted(frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Cases where no CFP plan fits the device but a baseline's does: CFP loses them outright
     (`ratios` has no ratio to give). Per case, the fitting baselines, fastest first."""
     found = []
-    for label, group in frame.groupby("case", sort=False):
-        by_plan = {r["plan"]: r for r in group.to_dict("records")}
+    for label, by_plan in _plans_by_case(frame):
         cfp = by_plan.get("cfp")
         if cfp is None or math.isfinite(cfp["evaluated_s"]):
             continue
