@@ -28,20 +28,25 @@ class CompileRequest:
     settings: tuple[tuple[str, Any], ...] = ()
 
 
+# The JAX settings `compiler.get_compile_options` reads. JAX 0.11 dropped the two "effort"
+# settings (the levels replace them), so each is read only where this JAX has it.
+_COMPILE_SETTINGS = (
+    "use_shardy_partitioner",
+    "exec_time_optimization_effort",
+    "memory_fitting_effort",
+    "optimization_level",
+    "memory_fitting_level",
+    "enable_remat_opt_pass",
+    "jax_xla_profile_version",
+)
+
+
 def _compile_settings() -> tuple[Any, ...]:
     """The JAX settings `compiler.get_compile_options` reads: a user may have changed them
     in this process with `jax.config.update`, which a fresh process would not see."""
     from jax._src import config
 
-    return (
-        config.use_shardy_partitioner,
-        config.exec_time_optimization_effort,
-        config.memory_fitting_effort,
-        config.optimization_level,
-        config.memory_fitting_level,
-        config.enable_remat_opt_pass,
-        config.jax_xla_profile_version,
-    )
+    return tuple(getattr(config, name) for name in _COMPILE_SETTINGS if hasattr(config, name))
 
 
 @dataclass(frozen=True, slots=True)
