@@ -565,6 +565,56 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
     assert all(r.ok for r in reshards), [r.reason for r in reshards]
 
 
+def test_measured_timing_never_overlaps_building_or_lowering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Building and lowering a program is Python on a compile thread: a timed run on the main
+    thread would wait for the GIL to dispatch, and be timed waiting. Recorded on four threads
+    compiling ahead of the timing: the spans of every build-and-lower and every timed
+    measurement are disjoint."""
+    spans: list[tuple[str, float, float]] = []
+
+    def timed(kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spans.append((kind, start, time.perf_counter()))
+
+        return wrapper
+
+    compile_job = runner._compile
+
+    def compile_timing_build(job: Any, *rest: Any) -> Any:
+        return compile_job(replace(job, build=timed("build", job.build)), *rest)
+
+    monkeypatch.setattr(runner, "_compile", compile_timing_build)
+    monkeypatch.setattr(runner, "measure", timed("measure", runner.measure))
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
+    graph = ex.trace(step, *args)
+    spec = mesh_spec((8,))
+    analysis = build_space(build_blocks(graph, spec.size), spec)
+    profiles = profile_all(
+        graph,
+        analysis,
+        build_segments(graph, analysis),
+        spec,
+        platform=load_platform("cpu-local"),
+        backend="measured",
+        progress=False,
+        workers=4,
+        only=lambda kind, label, config: kind == "segment" and "K@x" not in config,
+        time_limit_factor=1e9,  # every program timed to the end
+    )
+    measured = [s for s in spans if s[0] == "measure"]
+    built = [s for s in spans if s[0] == "build"]
+    assert len(measured) >= 8 and len(built) >= len(measured), (len(measured), len(built))
+    assert all(p.ok for p in profiles.segments)
+    overlaps = [(b, m) for b in built for m in measured if b[1] < m[2] and m[1] < b[2]]
+    assert not overlaps, f"{len(overlaps)} builds ran while a program was timed"
+
+
 # -- cache: a killed run resumes ----------------------------------------------------------------
 
 _PROFILER = r"""

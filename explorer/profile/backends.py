@@ -39,6 +39,10 @@ from explorer.profile.compute import dot_flops
 from explorer.profile.hlo import Collective, parse_collectives
 
 WARMUP_RUNS = 5
+# and at least this long: a GPU left idle while the next program compiles drops its clock
+# (an idle H200 read 345 MHz, 1980 MHz under load), and five runs of a millisecond may end
+# before it is back up
+WARMUP_SECONDS = 0.2
 TIMED_RUNS = 10
 
 # XLA's CPU code generation does not change the optimised HLO, the cost analysis or the
@@ -202,7 +206,8 @@ def measure(
     time_limit: float | None = None,
     donated: tuple[int, ...] = (),
 ) -> ProgramProfile:
-    """Run `compiled` on real devices: warm-up, then the median of the timed runs.
+    """Run `compiled` on real devices: warm-up (`WARMUP_RUNS`, and `WARMUP_SECONDS` at
+    least), then the median of the timed runs.
 
     `time_limit` (seconds) is the dynamic limit: a program whose first timed run already
     exceeds it is abandoned, as the paper's profiler does with hopeless configurations.
@@ -217,9 +222,11 @@ def measure(
             arrays[position] = _materialise(inputs[position])
         jax.block_until_ready(arrays)
 
-    for _ in range(WARMUP_RUNS):
+    warmup_start, warmups = time.perf_counter(), 0
+    while warmups < WARMUP_RUNS or time.perf_counter() - warmup_start < WARMUP_SECONDS:
         refill()
         jax.block_until_ready(compiled(*arrays))
+        warmups += 1
     times = []
     for run in range(TIMED_RUNS):
         refill()
