@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -565,13 +566,14 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
     assert all(r.ok for r in reshards), [r.reason for r in reshards]
 
 
-def test_measured_timing_never_overlaps_building_or_lowering(
+def test_measured_timing_never_overlaps_building_or_compiling(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Building and lowering a program is Python on a compile thread: a timed run on the main
-    thread would wait for the GIL to dispatch, and be timed waiting. Recorded on four threads
-    compiling ahead of the timing: the spans of every build-and-lower and every timed
-    measurement are disjoint."""
+    """Preparing a program disturbs a timing beside it: building and lowering are Python and
+    hold the GIL (a timed run waits to dispatch), and a GPU compile autotunes on the device
+    being timed. Recorded on four threads compiling ahead of the timing: the spans of every
+    build, every compile and every timed measurement are disjoint (without the gate, 17 of
+    them overlapped)."""
     spans: list[tuple[str, float, float]] = []
 
     def timed(kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -590,6 +592,7 @@ def test_measured_timing_never_overlaps_building_or_lowering(
         return compile_job(replace(job, build=timed("build", job.build)), *rest)
 
     monkeypatch.setattr(runner, "_compile", compile_timing_build)
+    monkeypatch.setattr(runner, "compile_program", timed("compile", runner.compile_program))
     monkeypatch.setattr(runner, "measure", timed("measure", runner.measure))
     step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
     graph = ex.trace(step, *args)
@@ -608,11 +611,12 @@ def test_measured_timing_never_overlaps_building_or_lowering(
         time_limit_factor=1e9,  # every program timed to the end
     )
     measured = [s for s in spans if s[0] == "measure"]
-    built = [s for s in spans if s[0] == "build"]
-    assert len(measured) >= 8 and len(built) >= len(measured), (len(measured), len(built))
+    prepared = [s for s in spans if s[0] != "measure"]
+    kinds = collections.Counter(kind for kind, _, _ in spans)
+    assert kinds["measure"] >= 8 and kinds["build"] == kinds["compile"] >= kinds["measure"]
     assert all(p.ok for p in profiles.segments)
-    overlaps = [(b, m) for b in built for m in measured if b[1] < m[2] and m[1] < b[2]]
-    assert not overlaps, f"{len(overlaps)} builds ran while a program was timed"
+    overlaps = [(p, m) for p in prepared for m in measured if p[1] < m[2] and m[1] < p[2]]
+    assert not overlaps, f"{len(overlaps)} builds or compiles ran while a program was timed"
 
 
 # -- cache: a killed run resumes ----------------------------------------------------------------

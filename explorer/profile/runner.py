@@ -4,13 +4,12 @@ Jobs are planned first (one per program: segment configurations of each unique s
 then resharding pairs between consecutive types), then looked up in the cache. The rest are
 built and compiled on a pool of worker threads (XLA releases the GIL while compiling, so the
 cores are used in parallel without pickling programs across processes) and, for the
-`measured` backend, timed one at a time on the main thread as they arrive, overlapping
-measurement with the compilation of the next programs, but not with their building and
-lowering, which is Python and holds the GIL: a timed run waiting for it to dispatch is timed
-too (on one H200, a 2 ms program timed 4 to 146 ms while 16 threads lowered beside it).
-Each result is committed to the cache before the next, so a killed run loses nothing already
-profiled. A program that fails to
-build, compile or run is recorded as infeasible with its reason and never stops the run.
+`measured` backend, timed one at a time on the main thread as they arrive. Nothing is
+prepared while a program is timed (`timing_gate`): on one H200, a 2 ms embedding program
+timed 1.9 to 146 ms while 16 threads built, lowered and autotuned programs beside it, and
+1.67 to 1.74 ms once building and lowering were held back. Each result is committed to the
+cache before the next, so a killed run loses nothing already profiled. A program that fails
+to build, compile or run is recorded as infeasible with its reason and never stops the run.
 
 The jobs are planned in `profile.jobs`; what they make becomes cache records and typed
 profiles (`profile.profiles`) in `profile.records`.
@@ -60,6 +59,7 @@ from explorer.profile.records import (
     combinable_latency,
     reprice,
 )
+from explorer.profile.timing_gate import TimingGate
 from explorer.segments import DEFAULT_CONFIG_CAP, check_config_cap
 
 # A measured program slower than this multiple of the best configuration so far is abandoned.
@@ -182,9 +182,7 @@ def _run(
     best: dict[Any, float] = {}
     threads = workers or os.cpu_count() or 1
     processes = compile_workers(context.backend, threads)
-    # held by a thread while it runs Python to build and lower a program, and by the main
-    # thread while it times one: XLA's compiles (which release the GIL) still overlap timing
-    quiet = threading.Lock() if context.backend is Backend.MEASURED else None
+    gate = TimingGate() if context.backend is Backend.MEASURED else None
     with ThreadPoolExecutor(max_workers=threads) as pool:
         # A bounded window of compiles runs ahead of pricing, and each compiled executable is
         # dropped as soon as it is priced: holding them all until the run ends grows the
@@ -195,7 +193,7 @@ def _run(
         done = 0
 
         def submit(job: _Job) -> Future[Any]:
-            return pool.submit(_compile, job, context.backend, processes, quiet)
+            return pool.submit(_compile, job, context.backend, processes, gate)
 
         def cancelled() -> bool:
             return cancel is not None and cancel.is_set()
@@ -207,7 +205,7 @@ def _run(
             job, future = window.popleft()  # in submission order: measurement stays sequential
             if cancelled() and future.cancel():  # not started: drop it
                 continue
-            record = _finish(job, future, context, best, quiet)
+            record = _finish(job, future, context, best, gate)
             # a compile stopped at this machine's memory limit says nothing of the program:
             # infeasible for this run, not kept (a machine with more memory profiles it)
             machine_bound = isinstance(future.exception(), CompileOutOfMemory)
@@ -258,19 +256,19 @@ def _libc() -> Any:
 
 
 def _compile(
-    job: _Job, backend: Backend, workers: CompileWorkers | None, quiet: threading.Lock | None
+    job: _Job, backend: Backend, workers: CompileWorkers | None, gate: TimingGate | None
 ) -> tuple[_Built, Any, float]:
-    """Build and lower a job's program here (holding `quiet`, if any), then compile it: the
+    """Build, lower and compile a job's program here (through `gate`, if any): the
     executable to run for the measured backend, what the compiler made of it
     (`CompiledText`) otherwise."""
     start = time.perf_counter()
-    with quiet or contextlib.nullcontext():
+    with gate.preparing() if gate is not None else contextlib.nullcontext():
         built = job.build()
         lowered = built.program.lower()
-    if backend is Backend.MEASURED:
-        compiled = compile_program(lowered, backend)
-    else:
-        compiled = compile_to_text(lowered, workers)
+        if backend is Backend.MEASURED:
+            compiled = compile_program(lowered, backend)
+        else:
+            compiled = compile_to_text(lowered, workers)
     return built, compiled, time.perf_counter() - start
 
 
@@ -279,7 +277,7 @@ def _finish(
     future: Future[Any],
     context: _Context,
     best: dict[Any, float],
-    quiet: threading.Lock | None = None,
+    gate: TimingGate | None = None,
 ) -> ProfileRecord:
     start = time.perf_counter()
     try:
@@ -289,7 +287,7 @@ def _finish(
             # is forced by its neighbours' choices, so it is always timed to the end
             competing = job.kind == "segment"
             limit = best.get(job.segment) if competing else None
-            with quiet or contextlib.nullcontext():
+            with gate.timing() if gate is not None else contextlib.nullcontext():
                 profile = measure(
                     compiled,
                     built.program.inputs,
