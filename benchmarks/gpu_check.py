@@ -1,0 +1,323 @@
+"""The explorer against one real GPU: what its figures are worth where no cluster is at hand.
+
+On a machine with one GPU (mesh 1, so every plan is the step itself and communication is
+nil), for paper-scale models cut to a few layers:
+
+- `measured`: the composed profiles of the measured backend (each segment run alone on the
+  GPU) against the whole step run on the GPU: does the sum of the parts time the step?
+- `compiled`: the compile-only backend on the same GPU (XLA:GPU's optimised HLO, cost and
+  memory analyses priced on the platform's roofline) against the same measured step;
+- `memory`: the whole step's memory as XLA:GPU's memory analysis gives it, with and without
+  rematerialisation, and (with `--peaks`) the GPU allocator's peak while it runs.
+
+With `--predict-only` the same cases run compile-only on this machine's devices (XLA:CPU), as
+a user plans on a laptop: their predictions are compared with the GPU's truth afterwards.
+Results are appended to `OUT/gpu_check.jsonl` after every phase, so a stopped run keeps them.
+
+    python benchmarks/gpu_check.py --out DIR                  # on the GPU machine
+    python benchmarks/gpu_check.py --out DIR --predict-only   # here, 1 CPU device
+    python benchmarks/gpu_check.py --summarise DIR            # tables from DIR/*.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CASES = (  # (model, preset, layers, batch): one device's share of the paper grid's steps
+    ("gpt", "gpt_2_6b_bf16", 2, 8),
+    ("bert", "bert_large_bf16", 4, 8),
+    ("llama", "llama_7b_bf16", 2, 2),
+)
+# a strategy that splits no weight: on one device every strategy is the same program, and
+# profiling one per segment keeps the run inside minutes
+_UNSPLIT = {"M@x", "E@x", "none", "-"}
+
+_PEAK_CHILD = r"""
+import json, sys
+import jax
+sys.path.insert(0, sys.argv[1])
+from explorer.models import build
+model, preset, layers, batch, remat = json.loads(sys.argv[2])
+built = build(model, preset, layers=layers, batch=batch, remat=remat)
+step = jax.jit(built.step, donate_argnums=(0, 1))
+jax.block_until_ready(built.args)
+before = jax.devices()[0].memory_stats()["bytes_in_use"]
+jax.block_until_ready(step(*built.args))
+stats = jax.devices()[0].memory_stats()
+print(json.dumps({"inputs": before, "peak": stats["peak_bytes_in_use"]}))
+"""
+
+
+class FirstUnsplit:
+    """`analyze`'s `only`: per segment or boundary, the first configuration whose every
+    strategy splits no weight (on one device they are all the same program)."""
+
+    def __init__(self) -> None:
+        self.chosen: dict[tuple[str, str], str] = {}
+
+    def __call__(self, kind: str, label: str, config: str) -> bool:
+        tokens = [t for t in re.split(r"->|[, ]+", config) if t]
+        if not all(token in _UNSPLIT for token in tokens):
+            return False
+        return self.chosen.setdefault((kind, label), config) == config
+
+
+def default_platform() -> str:
+    import jax
+
+    kind = jax.devices()[0].device_kind
+    return "h200-sxm-8" if "H200" in kind else "h100-sxm-8"
+
+
+def step_memory(case: Case, remat: bool) -> dict[str, Any]:
+    """XLA's memory analysis of the whole step on this process's first device."""
+    import jax
+
+    from explorer._jax_compat import read_executable
+    from explorer.models import build
+
+    model, preset, layers, batch = case
+    built = build(model, preset, layers=layers, batch=batch, remat=remat, abstract=True)
+    start = time.perf_counter()
+    compiled = jax.jit(built.step, donate_argnums=(0, 1)).lower(*built.args).compile()
+    memory = read_executable(compiled).memory
+    if memory is None:
+        raise RuntimeError(f"the {jax.default_backend()} compiler gave no memory analysis")
+    arguments, outputs, temporaries, aliased = memory
+    return {
+        "arguments": arguments,
+        "outputs": outputs,
+        "temporaries": temporaries,
+        "aliased": aliased,
+        "peak": arguments + outputs + temporaries - aliased,
+        "compile_s": time.perf_counter() - start,
+    }
+
+
+def allocator_peak(case: Case, remat: bool) -> dict[str, Any]:
+    """The GPU allocator's peak over one run of the step, in a fresh process (the peak
+    cannot be reset in this one)."""
+    fields = json.dumps([*case, remat])
+    root = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_CHILD, root, fields],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the step's run exited with {done.returncode}: {last}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+Case = tuple[str, str, int, int]
+
+
+def plan_against_truth(case: Case, backend: str, platform: str) -> dict[str, Any]:
+    """Profile the unsplit configurations with `backend`, compose the plan, and evaluate the
+    whole step with the same backend (measured: timed here; compiled: priced from one
+    compile)."""
+    import explorer as ex
+    from explorer.models import build
+    from explorer.plan import evaluate_on
+
+    model, preset, layers, batch = case
+    built = build(model, preset, layers=layers, batch=batch, abstract=True)
+    start = time.perf_counter()
+    analysis = ex.analyze(
+        built.step,
+        *built.args,
+        mesh=(1,),
+        platform=platform,
+        backend=backend,
+        cache=None,
+        progress=False,
+        only=FirstUnsplit(),
+    )
+    profiled_s = time.perf_counter() - start
+    plan = analysis.plan()
+    evaluation = evaluate_on(plan, [platform], built.step, *built.args, backend=backend)[platform]
+    rows = analysis.profiles
+    rows = rows[rows["status"] == "ok"]
+    return {
+        "programs": len(rows),
+        "profiling_s": profiled_s,
+        "predicted_s": plan.time,
+        "predicted_memory": plan.memory,
+        "evaluated_s": evaluation.time,
+        "evaluated_memory": evaluation.memory,
+        "segments": [
+            {"label": r["label"], "config": r["config"], "t_comp": r["t_comp"]}
+            for r in rows.to_dict("records")
+            if r["kind"] == "segment"
+        ],
+    }
+
+
+def _rows(folder: Path) -> list[dict[str, Any]]:
+    rows = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            rows.append({**json.loads(line), "run": path.stem})
+    return rows
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f}"
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f}"
+
+
+def _error(predicted: float, truth: float) -> str:
+    return f"{(predicted - truth) / truth * 100:+.1f} %"
+
+
+def summarise(folder: Path) -> str:
+    """Markdown tables of every run kept in `folder` (one `.jsonl` file a run)."""
+    rows = [r for r in _rows(folder) if "error" not in r]
+    gpu = [r for r in rows if r["backend"] == "gpu"]
+    out = [
+        "Measured backend: the composed profiles against the whole step, both timed on the GPU.",
+        "",
+    ]
+    out += ["| run | model | composed ms | step ms | error | same program, slowest / fastest |"]
+    out += ["|---|---|---|---|---|---|"]
+    for r in (r for r in gpu if r["phase"] == "measured"):
+        by_label: dict[str, list[float]] = {}
+        for segment in r["segments"]:
+            by_label.setdefault(segment["label"], []).append(segment["t_comp"])
+        spread = max(max(v) / min(v) for v in by_label.values() if min(v) > 0)
+        out.append(
+            f"| {r['run']} | {r['preset']} | {_ms(r['predicted_s'])} | {_ms(r['evaluated_s'])} "
+            f"| {_error(r['predicted_s'], r['evaluated_s'])} | {spread:.2f}x |"
+        )
+    truth: dict[str, list[float]] = {}
+    for r in (r for r in gpu if r["phase"] == "measured"):
+        truth.setdefault(r["preset"], []).append(r["evaluated_s"])
+    out += [
+        "",
+        "Compiled backend (roofline at the platform's peaks) against the step timed on the GPU",
+    ]
+    out += ["(the median of every measured run of it):", ""]
+    out += [
+        "| run | device | JAX | model | predicted ms | its step, compiled, ms | timed ms | error |"
+    ]
+    out += ["|---|---|---|---|---|---|---|---|"]
+    for r in (r for r in rows if r["phase"] == "compiled" and r["preset"] in truth):
+        timed = statistics.median(truth[r["preset"]])
+        out.append(
+            f"| {r['run']} | {r['device']} | {r['jax']} | {r['preset']} | {_ms(r['predicted_s'])} "
+            f"| {_ms(r['evaluated_s'])} | {_ms(timed)} | {_error(r['predicted_s'], timed)} |"
+        )
+    out += ["", "Memory of the whole step (GB, 10^9 bytes): XLA's memory analysis on each device,"]
+    out += ["and the GPU allocator's peak over one run where it was taken:", ""]
+    out += ["| run | device | JAX | model | step | step, remat | allocator | allocator, remat |"]
+    out += ["|---|---|---|---|---|---|---|---|"]
+    keyed = {(r["run"], r["preset"], r["phase"]): r for r in rows}
+    for run, preset in dict.fromkeys(
+        (r["run"], r["preset"]) for r in rows if "memory" in r["phase"]
+    ):
+        cells = []
+        for phase in (
+            "memory remat=False",
+            "memory remat=True",
+            "allocator remat=False",
+            "allocator remat=True",
+        ):
+            found = keyed.get((run, preset, phase))
+            cells.append(_gb(found["peak"]) if found else "")
+        first = keyed[(run, preset, "memory remat=False")]
+        out.append(
+            f"| {run} | {first['device']} | {first['jax']} | {preset} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--summarise", type=Path, help="print the tables of a folder of runs")
+    parser.add_argument("--predict-only", action="store_true")
+    parser.add_argument("--platform", default=None, help="default: by the GPU's name")
+    parser.add_argument("--cases", default="", help="comma-separated models (default: all)")
+    parser.add_argument("--peaks", default="", help="comma-separated models to run for peaks")
+    parser.add_argument("--phases", default="", help="comma-separated: measured, compiled, ...")
+    parser.add_argument("--smoke", action="store_true", help="the tiny presets: a dry run")
+    args = parser.parse_args()
+    if args.summarise is not None:
+        print(summarise(args.summarise), end="")
+        return
+    if args.out is None:
+        parser.error("--out is required (or --summarise)")
+    import jax
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    sink = args.out / "gpu_check.jsonl"
+    device = jax.devices()[0]
+    platform = args.platform or default_platform()
+    where = {
+        "device": device.device_kind,
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "platform": platform,
+    }
+    print(json.dumps(where), flush=True)
+    wanted = {m for m in args.cases.split(",") if m}
+    peaks = {m for m in args.peaks.split(",") if m}
+
+    def record(case: Case, phase: str, fields: dict[str, Any]) -> None:
+        row = {**where, "model": case[0], "preset": case[1], "layers": case[2], "batch": case[3]}
+        row |= {"phase": phase, **fields}
+        with sink.open("a") as out:
+            out.write(json.dumps(row) + "\n")
+        brief = {k: v for k, v in fields.items() if k != "segments"}
+        print(f"{case[1]} {phase}: {json.dumps(brief)}", flush=True)
+
+    cases: tuple[Case, ...] = tuple((m, "tiny", 2, 8) for m, *_ in CASES) if args.smoke else CASES
+    for case in cases:
+        if wanted and case[0] not in wanted:
+            continue
+        phases: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+            (backend, functools.partial(plan_against_truth, case, backend, platform))
+            for backend in (("compiled",) if args.predict_only else ("measured", "compiled"))
+        ]
+        phases += [
+            (f"memory remat={remat}", functools.partial(step_memory, case, remat))
+            for remat in (False, True)
+        ]
+        if case[0] in peaks and not args.predict_only:
+            phases += [
+                (f"allocator remat={remat}", functools.partial(allocator_peak, case, remat))
+                for remat in (False, True)
+            ]
+        chosen = {p for p in args.phases.split(",") if p}
+        phases = [(n, r) for n, r in phases if not chosen or n.split()[0] in chosen]
+        for phase, run in phases:
+            start = time.perf_counter()
+            try:
+                fields = run()
+            except Exception as err:
+                fields = {"error": f"{type(err).__name__}: {str(err)[:500]}"}
+            record(case, phase, {**fields, "wall_s": time.perf_counter() - start})
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()
