@@ -607,13 +607,15 @@ def test_measured_timing_never_overlaps_building_or_compiling(
         backend="measured",
         progress=False,
         workers=4,
-        only=lambda kind, label, config: kind == "segment" and "K@x" not in config,
+        only=lambda kind, label, config: (
+            kind == "segment" and "K@x" not in config and config.count("N@x") <= 1
+        ),
         time_limit_factor=1e9,  # every program timed to the end
     )
     measured = [s for s in spans if s[0] == "measure"]
     prepared = [s for s in spans if s[0] != "measure"]
     kinds = collections.Counter(kind for kind, _, _ in spans)
-    assert kinds["measure"] >= 8 and kinds["build"] == kinds["compile"] >= kinds["measure"]
+    assert kinds["measure"] >= 6 and kinds["build"] == kinds["compile"] >= kinds["measure"]
     assert all(p.ok for p in profiles.segments)
     overlaps = [(p, m) for p in prepared for m in measured if p[1] < m[2] and m[1] < p[2]]
     assert not overlaps, f"{len(overlaps)} builds or compiles ran while a program was timed"
