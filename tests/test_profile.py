@@ -534,15 +534,14 @@ def test_measured_mode_refuses_a_mesh_larger_than_the_devices() -> None:
         )
 
 
-def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
-    """Eight virtual CPU devices: real runs, and the dynamic limit records what it cut. A
-    resharding is never cut: its neighbours' strategies force it, it does not compete."""
+def _measured_tiny_gpt(**options: Any) -> Profiles:
+    """A one-layer tiny GPT profiled on the eight virtual CPU devices with the measured
+    backend; `options` go to `profile_all` (which programs, how many threads)."""
     step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
     graph = ex.trace(step, *args)
     spec = mesh_spec((8,))
     analysis = build_space(build_blocks(graph, spec.size), spec)
-    chosen = ("M@x,M@x,M@x,M@x", "K@x,K@x,K@x,K@x", "N@x,K@x,N@x,K@x")
-    profiles = profile_all(
+    return profile_all(
         graph,
         analysis,
         build_segments(graph, analysis),
@@ -550,6 +549,15 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
         platform=load_platform("cpu-local"),
         backend="measured",
         progress=False,
+        **options,
+    )
+
+
+def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
+    """Eight virtual CPU devices: real runs, and the dynamic limit records what it cut. A
+    resharding is never cut: its neighbours' strategies force it, it does not compete."""
+    chosen = ("M@x,M@x,M@x,M@x", "K@x,K@x,K@x,K@x", "N@x,K@x,N@x,K@x")
+    profiles = _measured_tiny_gpt(
         workers=1,
         only=lambda kind, label, config: (
             (label == "layer" and config in chosen) or label == "layer->head"
@@ -594,18 +602,7 @@ def test_measured_timing_never_overlaps_building_or_compiling(
     monkeypatch.setattr(runner, "_compile", compile_timing_build)
     monkeypatch.setattr(runner, "compile_program", timed("compile", runner.compile_program))
     monkeypatch.setattr(runner, "measure", timed("measure", runner.measure))
-    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=1), abstract=True)
-    graph = ex.trace(step, *args)
-    spec = mesh_spec((8,))
-    analysis = build_space(build_blocks(graph, spec.size), spec)
-    profiles = profile_all(
-        graph,
-        analysis,
-        build_segments(graph, analysis),
-        spec,
-        platform=load_platform("cpu-local"),
-        backend="measured",
-        progress=False,
+    profiles = _measured_tiny_gpt(
         workers=4,
         only=lambda kind, label, config: (
             kind == "segment" and "K@x" not in config and config.count("N@x") <= 1
