@@ -6,9 +6,9 @@ cost analysis (FLOPs, bytes accessed) on the platform's roofline; memory is the 
 memory analysis. Deterministic, and it plans for hardware you do not have.
 
 `measured`: run the program on the devices JAX sees (virtual CPU devices, GPUs, or several
-processes joined with `jax.distributed`): 5 warm-up runs, then 10 timed, median. Without a
-device trace to split it, the total is split using the compiled collectives priced by the
-platform (calibrate one with `python -m explorer calibrate`).
+processes joined with `jax.distributed`): 5 warm-up runs (0.2 s at least), then 10 timed,
+median. Without a device trace to split it, the total is split using the compiled collectives
+priced by the platform (calibrate one with `python -m explorer calibrate`).
 """
 
 from __future__ import annotations
