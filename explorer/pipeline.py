@@ -115,9 +115,12 @@ def analyze(
     segments = build_segments(graph, blocks, cap=config_cap)
     if not profile:
         return SegmentedStep(graph, blocks, segments, spec, step, tuple(args), target, backend)
+    from explorer.layouts import check_instance_dependencies, instance_dependencies, loop_twins
     from explorer.profile.cache import ProfileCache
     from explorer.profile.runner import profile_all
 
+    dependencies = instance_dependencies(graph, blocks, segments, spec)
+    check_instance_dependencies(segments, dependencies)
     with ProfileCache(cache) as store:
         profiled = profile_all(
             graph,
@@ -133,9 +136,6 @@ def analyze(
             only=only,
             cancel=cancel,
         )
-    from explorer.layouts import instance_dependencies, loop_twins
-
-    dependencies = instance_dependencies(graph, blocks, segments, spec)
     model = build_cost_model(segments, profiled, dependencies, loop_twins(graph, blocks.blocks))
     return Analysis(
         graph,

@@ -12,6 +12,7 @@ ShardingAssignment.
 from explorer.layouts.assignment import layout_assignment, replicated
 from explorer.layouts.dependencies import (
     CONTEXT_SEPARATOR,
+    check_instance_dependencies,
     configuration_name,
     external_blocks,
     instance_dependencies,
@@ -25,6 +26,7 @@ __all__ = [
     "PARTIAL_REDUCTIONS",
     "Placement",
     "boundary_reads",
+    "check_instance_dependencies",
     "configuration_name",
     "external_blocks",
     "instance_dependencies",

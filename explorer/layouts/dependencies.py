@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from explorer.errors import AnalysisError
 from explorer.ir import BlockAnalysis, Config, Graph, ParallelBlock, Segmentation
 from explorer.layouts.placement import Placement, boundary_reads, place
 from explorer.mesh import MeshSpec
@@ -91,6 +92,26 @@ def instance_dependencies(
         external_blocks(placement, graph, segmentation, n, twins)
         for n in range(len(segmentation.instances))
     )
+
+
+def check_instance_dependencies(
+    segmentation: Segmentation, dependencies: Sequence[tuple[int, ...]]
+) -> None:
+    """A segment type is profiled at its first instance, under the strategies of the blocks
+    that instance depends on: an instance of the type that depends on another number of
+    blocks can never take those programs. Checked before anything is profiled, naming both
+    instances (it is a segmentation error, and profiling first would only waste the time)."""
+    first: dict[int, int] = {}
+    for instance in segmentation.instances:
+        profiled = segmentation.instances[first.setdefault(instance.unique_id, instance.index)]
+        here, there = dependencies[instance.index], dependencies[profiled.index]
+        if len(here) != len(there):
+            raise AnalysisError(
+                f"segment instance {instance.label!r} depends on {len(here)} block(s) of other "
+                f"instances {list(here)}, but its type would be profiled at {profiled.label!r}, "
+                f"which depends on {len(there)} {list(there)}: the two are not one program type "
+                "(a segmentation error; please report the model). Nothing was profiled."
+            )
 
 
 # between a segment configuration's own strategies and those of the blocks it depends on
