@@ -15,7 +15,8 @@ a user plans on a laptop: their predictions are compared with the GPU's truth af
 Results are appended to `OUT/gpu_check.jsonl` after every phase, so a stopped run keeps them.
 
     python benchmarks/gpu_check.py --out DIR                  # on the GPU machine
-    python benchmarks/gpu_check.py --out DIR --predict-only   # here, 1 CPU device
+    XLA_FLAGS=--xla_force_host_platform_device_count=1 \
+        python benchmarks/gpu_check.py --out DIR --predict-only   # here, 1 CPU device
     python benchmarks/gpu_check.py --summarise DIR            # tables from DIR/*.jsonl
 """
 
