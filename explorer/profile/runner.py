@@ -182,11 +182,7 @@ def _run(
     best: dict[Any, float] = {}
     threads = workers or os.cpu_count() or 1
     processes = compile_workers(context.backend, threads)
-    # one process only: across processes a compile waits for the other processes' compile of
-    # the same program, which a gate held there by a timing (itself waiting for this process
-    # to run that program) never lets start
-    alone = jax.process_count() == 1
-    gate = TimingGate() if context.backend is Backend.MEASURED and alone else None
+    gate = TimingGate() if context.backend is Backend.MEASURED else None
     with ThreadPoolExecutor(max_workers=threads) as pool:
         # A bounded window of compiles runs ahead of pricing, and each compiled executable is
         # dropped as soon as it is priced: holding them all until the run ends grows the
