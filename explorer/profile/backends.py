@@ -6,9 +6,10 @@ cost analysis (FLOPs, bytes accessed) on the platform's roofline; memory is the 
 memory analysis. Deterministic, and it plans for hardware you do not have.
 
 `measured`: run the program on the devices JAX sees (virtual CPU devices, GPUs, or several
-processes joined with `jax.distributed`): 5 warm-up runs (0.2 s at least), then 10 timed,
-median. Without a device trace to split it, the total is split using the compiled collectives
-priced by the platform (calibrate one with `python -m explorer calibrate`).
+processes joined with `jax.distributed`): 5 warm-up runs (0.2 s at least in one process),
+then 10 timed, median. Without a device trace to split it, the total is split using the
+compiled collectives priced by the platform (calibrate one with `python -m explorer
+calibrate`).
 """
 
 from __future__ import annotations
@@ -222,8 +223,11 @@ def measure(
             arrays[position] = _materialise(inputs[position])
         jax.block_until_ready(arrays)
 
+    # across processes every process must run a program as many times (its collectives pair
+    # up): a warm-up by the clock, which each process reads alone, would leave one waiting
+    floor = WARMUP_SECONDS if jax.process_count() == 1 else 0.0
     warmup_start, warmups = time.perf_counter(), 0
-    while warmups < WARMUP_RUNS or time.perf_counter() - warmup_start < WARMUP_SECONDS:
+    while warmups < WARMUP_RUNS or time.perf_counter() - warmup_start < floor:
         refill()
         jax.block_until_ready(compiled(*arrays))
         warmups += 1
