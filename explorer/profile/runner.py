@@ -18,7 +18,6 @@ profiles (`profile.profiles`) in `profile.records`.
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -182,7 +181,7 @@ def _run(
     best: dict[Any, float] = {}
     threads = workers or os.cpu_count() or 1
     processes = compile_workers(context.backend, threads)
-    gate = TimingGate() if context.backend is Backend.MEASURED else None
+    gate = TimingGate()  # only the measured backend times: otherwise it never waits
     with ThreadPoolExecutor(max_workers=threads) as pool:
         # A bounded window of compiles runs ahead of pricing, and each compiled executable is
         # dropped as soon as it is priced: holding them all until the run ends grows the
@@ -256,13 +255,13 @@ def _libc() -> Any:
 
 
 def _compile(
-    job: _Job, backend: Backend, workers: CompileWorkers | None, gate: TimingGate | None
+    job: _Job, backend: Backend, workers: CompileWorkers | None, gate: TimingGate
 ) -> tuple[_Built, Any, float]:
-    """Build, lower and compile a job's program here (through `gate`, if any): the
+    """Build, lower and compile a job's program here (through `gate`): the
     executable to run for the measured backend, what the compiler made of it
     (`CompiledText`) otherwise."""
     start = time.perf_counter()
-    with gate.preparing() if gate is not None else contextlib.nullcontext():
+    with gate.preparing():
         built = job.build()
         lowered = built.program.lower()
         if backend is Backend.MEASURED:
@@ -277,7 +276,7 @@ def _finish(
     future: Future[Any],
     context: _Context,
     best: dict[Any, float],
-    gate: TimingGate | None = None,
+    gate: TimingGate,
 ) -> ProfileRecord:
     start = time.perf_counter()
     try:
@@ -287,7 +286,7 @@ def _finish(
             # is forced by its neighbours' choices, so it is always timed to the end
             competing = job.kind == "segment"
             limit = best.get(job.segment) if competing else None
-            with gate.timing() if gate is not None else contextlib.nullcontext():
+            with gate.timing():
                 profile = measure(
                     compiled,
                     built.program.inputs,
