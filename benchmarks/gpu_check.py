@@ -108,6 +108,43 @@ def step_memory(case: Case, remat: bool) -> dict[str, Any]:
     }
 
 
+def target_step_memory(case: Case, remat: bool, platform: str) -> dict[str, Any]:
+    """XLA:GPU's memory analysis of the whole step compiled here, without a GPU, for the
+    platform's GPU: the compiler and target configuration `explorer.target_memory` uses."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from explorer._jax_compat import read_executable
+    from explorer._jax_compat.deviceless import deviceless_gpus, plugin_versions
+    from explorer.mesh import make_mesh, mesh_spec
+    from explorer.models import build
+    from explorer.platforms import load_platform
+    from explorer.platforms.gpu_targets import target_config
+    from explorer.target_memory import TARGET_COMPILE_OPTIONS
+
+    model, preset, layers, batch = case
+    cudnn, cuda = plugin_versions()
+    config = target_config(load_platform(platform), cudnn=cudnn, cuda=cuda)
+    mesh = make_mesh(mesh_spec((1,)), deviceless_gpus(config, 1, 1))
+    one = NamedSharding(mesh, PartitionSpec())
+    built = build(model, preset, layers=layers, batch=batch, remat=remat, abstract=True)
+    args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), built.args)
+    start = time.perf_counter()
+    lowered = jax.jit(built.step, donate_argnums=(0, 1)).lower(*args)
+    memory = read_executable(lowered.compile(TARGET_COMPILE_OPTIONS)).memory
+    assert memory is not None  # XLA:GPU always analyses memory
+    arguments, outputs, temporaries, aliased = memory
+    return {
+        "device": f"cpu, compiled for {load_platform(platform).device.name}",
+        "arguments": arguments,
+        "outputs": outputs,
+        "temporaries": temporaries,
+        "aliased": aliased,
+        "peak": arguments + outputs + temporaries - aliased,
+        "compile_s": time.perf_counter() - start,
+    }
+
+
 def allocator_peak(case: Case, remat: bool) -> dict[str, Any]:
     """The GPU allocator's peak over one run of the step, in a fresh process (the peak
     cannot be reset in this one)."""
@@ -236,15 +273,16 @@ def summarise(folder: Path) -> str:
         (r["run"], r["preset"]) for r in rows if "memory" in r["phase"]
     ):
         cells = []
-        for phase in (
-            "memory remat=False",
-            "memory remat=True",
-            "allocator remat=False",
-            "allocator remat=True",
-        ):
-            found = keyed.get((run, preset, phase))
-            cells.append(_gb(found["peak"]) if found else "")
-        first = keyed[(run, preset, "memory remat=False")]
+        for phase in ("memory", "allocator"):
+            for remat in (False, True):
+                found = keyed.get((run, preset, f"{phase} remat={remat}")) or keyed.get(
+                    (run, preset, f"target {phase} remat={remat}")
+                )
+                cells.append(_gb(found["peak"]) if found else "")
+        first = (
+            keyed.get((run, preset, "memory remat=False"))
+            or keyed[(run, preset, "target memory remat=False")]
+        )
         out.append(
             f"| {run} | {first['device']} | {first['jax']} | {preset} | " + " | ".join(cells) + " |"
         )
@@ -301,6 +339,13 @@ def main() -> None:
         ]
         phases += [
             (f"memory remat={remat}", functools.partial(step_memory, case, remat))
+            for remat in (False, True)
+        ]
+        phases += [
+            (
+                f"target memory remat={remat}",
+                functools.partial(target_step_memory, case, remat, platform),
+            )
             for remat in (False, True)
         ]
         if case[0] in peaks and not args.predict_only:

@@ -110,6 +110,11 @@ class AlpaBudgetError(AlpaError):
     """No assignment of strategies fits the per-device memory budget."""
 
 
+class TargetCompilerError(ExplorerError):
+    """The step cannot be compiled for the platform's GPU on this machine: no compiler for
+    it is installed, or JAX could not load the one that is."""
+
+
 class ClusterError(ExplorerError):
     """The processes of a cluster run could not join, disagree, or lost one of them."""
 

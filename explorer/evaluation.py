@@ -63,8 +63,14 @@ class LoweredStep:
     lowered: Any
 
 
-def lower_step(plan: Plan, step: Callable[..., Any], args: tuple[Any, ...]) -> LoweredStep:
-    """`step` configured by `plan`, realised and lowered from abstract inputs."""
+def lower_step(
+    plan: Plan,
+    step: Callable[..., Any],
+    args: tuple[Any, ...],
+    devices: Sequence[Any] | None = None,
+) -> LoweredStep:
+    """`step` configured by `plan`, realised and lowered from abstract inputs, on `devices`
+    (default: the devices JAX sees)."""
     from explorer.plan import _configure  # applying a plan; it re-exports this module
 
     graph, assignment = _configure(plan, step, args)
@@ -72,7 +78,7 @@ def lower_step(plan: Plan, step: Callable[..., Any], args: tuple[Any, ...]) -> L
     # not once per trip, so only the unrolled step prices as the scan runs.
     # donated as a training loop donates: the step holds its parameters and optimizer state
     # once, which is what the composed memory predicts
-    realised = realize(graph, assignment, make_mesh(plan.mesh), donate=True)
+    realised = realize(graph, assignment, make_mesh(plan.mesh, devices), donate=True)
     abstract = jax.tree_util.tree_map(
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args, realised.in_shardings
     )

@@ -1,0 +1,86 @@
+"""A plan's memory on the platform's own GPU: the whole step compiled by XLA:GPU for that GPU,
+on a machine that has none.
+
+Every other figure of the compile-only backend comes from XLA:CPU, whose buffer assignment for
+a bf16 training step holds 2.2 to 3.0 times what XLA:GPU's holds (one H200 against this
+project's XLA:CPU, `assets/bench/gpu/NOTE.md`). Whether a plan fits a GPU is a fact about
+XLA:GPU's program, so it is judged here on that program: the step lowered under the plan for
+deviceless GPUs of the platform's kind (`platforms.gpu_targets`, `_jax_compat.deviceless`) and
+XLA's memory analysis of what it compiles. Checked against the H200's own figures for the same
+steps in `benchmarks/gpu_check.py --phases target` (see that NOTE).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from explorer import _jax_compat as jc
+from explorer._jax_compat.deviceless import deviceless_gpus, plugin_versions
+from explorer.evaluation import _program_digest, lower_step
+from explorer.evaluation_store import EvaluationStore
+from explorer.plan_document import _check_plan_and_step
+from explorer.plan_types import Plan
+from explorer.platforms import PlatformLike, resolve_platform
+from explorer.platforms.gpu_targets import gpu_target, target_config
+
+# Matrix products go to cuBLAS, not to Triton fusions. Without a GPU to autotune on, XLA:GPU
+# picks Triton's tiles by heuristics that fail on some sharded shapes ("Couldn't find output
+# tile sizes", seen on tiny GPT under Megatron on 4 devices); cuBLAS compiles every shape.
+# Against the H200's own analysis the two differ by a few per cent either way (the NOTE).
+TARGET_COMPILE_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+
+
+@dataclass(frozen=True, slots=True)
+class TargetMemory:
+    """XLA:GPU's memory analysis of the whole step under a plan, bytes per device."""
+
+    gpu: str  # the GPU compiled for
+    arguments: int
+    outputs: int
+    temporaries: int
+    aliased: int  # outputs written into donated arguments' buffers
+    compile_s: float  # what compiling took when it was done (a kept answer keeps it)
+
+    @property
+    def peak(self) -> int:
+        """What the step holds at once: its arguments, results and temporaries, a result
+        written into a donated argument's buffer counted once."""
+        return max(self.arguments + self.outputs + self.temporaries - self.aliased, 0)
+
+
+def target_memory(
+    plan: Plan,
+    platform: PlatformLike,
+    step: Callable[..., Any],
+    *args: Any,
+    store: EvaluationStore | None = None,
+) -> TargetMemory:
+    """The memory of `step` under `plan` on `platform`'s GPU, compiled by XLA:GPU without
+    one. `store` keeps answers across runs, by the plan's program and the GPU's configuration
+    (every figure of the platform the compile reads)."""
+    _check_plan_and_step(plan, step, "target_memory")
+    resolved = resolve_platform(platform, "target_memory: platform")
+    gpu = gpu_target(resolved)  # an unknown GPU is named before anything is compiled
+    cudnn, cuda = plugin_versions()
+    config = target_config(resolved, cudnn=cudnn, cuda=cuda)
+    key = (_program_digest(plan), "gpu-target@" + hashlib.sha256(config.encode()).hexdigest()[:16])
+    if store is not None:
+        kept = store.get(key, lambda fields: TargetMemory(**fields))
+        if kept is not None:
+            return kept
+    per_node = min(resolved.devices_per_node, plan.mesh.size)
+    devices = deviceless_gpus(config, math.ceil(plan.mesh.size / per_node), per_node)
+    start = time.perf_counter()
+    lowered = lower_step(plan, step, args, devices).lowered
+    stats = jc.read_executable(lowered.compile(TARGET_COMPILE_OPTIONS)).memory
+    if stats is None:  # XLA:GPU always analyses memory; say so plainly if it ever does not
+        raise RuntimeError(f"XLA:GPU gave no memory analysis for the step on {gpu.gpu}")
+    answer = TargetMemory(gpu.gpu, *stats, compile_s=time.perf_counter() - start)
+    if store is not None:
+        store.put(key, asdict(answer))
+    return answer
