@@ -32,7 +32,7 @@ from explorer.platforms.gpu_targets import gpu_target, target_config
 # picks Triton's tiles by heuristics that fail on some sharded shapes ("Couldn't find output
 # tile sizes", seen on tiny GPT under Megatron on 4 devices); cuBLAS compiles every shape.
 # Against the H200's own analysis the two differ by a few per cent either way (the NOTE).
-TARGET_COMPILE_OPTIONS = {"xla_gpu_enable_triton_gemm": False}
+TARGET_COMPILE_OPTIONS: dict[str, Any] = {"xla_gpu_enable_triton_gemm": False}
 
 
 @dataclass(frozen=True, slots=True)
