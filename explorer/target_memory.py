@@ -17,14 +17,19 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from explorer import _jax_compat as jc
 from explorer._jax_compat.deviceless import deviceless_gpus, plugin_versions
+from explorer.errors import NoPlanFitsError
 from explorer.evaluation import _program_digest, lower_step
 from explorer.evaluation_store import EvaluationStore
 from explorer.plan_document import _check_plan_and_step
 from explorer.plan_types import Plan
+from explorer.units import parse_bytes
+
+if TYPE_CHECKING:
+    from explorer.pipeline import Analysis
 from explorer.platforms import PlatformLike, resolve_platform
 from explorer.platforms.gpu_targets import gpu_target, target_config
 
@@ -84,3 +89,67 @@ def target_memory(
     if store is not None:
         store.put(key, asdict(answer))
     return answer
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFit:
+    """The fastest frontier plan that fits the GPU, and what finding it compiled."""
+
+    plan: Plan
+    memory: TargetMemory
+    budget: int
+    # (predicted seconds, predicted bytes, XLA:GPU's bytes) of every frontier plan compiled
+    compiled: tuple[tuple[float, int, int], ...]
+
+
+def fastest_plan_on_gpu(
+    analysis: Analysis,
+    step: Callable[..., Any],
+    *args: Any,
+    memory_budget: Any = None,
+    store: EvaluationStore | None = None,
+) -> GpuFit:
+    """The fastest plan of `analysis.frontier` whose memory on the platform's GPU
+    (`target_memory`) fits `memory_budget` (default: the device's memory).
+
+    The frontier is ordered by predicted memory, which XLA:CPU's programs give, 2-3 times
+    XLA:GPU's; the plans it trades away for memory may fit the GPU after all. The fastest
+    plan is compiled first. Where it does not fit, the frontier is bisected for the fastest
+    plan that does, on the assumption that XLA:GPU's memory grows with the predicted memory
+    along it (the plan returned was compiled and fits; a faster one that the assumption
+    skipped could fit too). A few compiles: at most 2 + log2 of the frontier's points."""
+    budget = int(
+        analysis.platform.device.memory_bytes
+        if memory_budget is None
+        else parse_bytes(memory_budget, "memory_budget")
+    )
+    points = analysis.frontier.points  # by increasing memory and decreasing time
+    compiled: list[tuple[float, int, int]] = []
+    found: dict[int, tuple[Plan, TargetMemory]] = {}
+
+    def fits(index: int) -> bool:
+        plan = analysis.plan_of(points[index].selection, source="cfp")
+        memory = target_memory(plan, analysis.platform, step, *args, store=store)
+        compiled.append((plan.time, plan.memory, memory.peak))
+        found[index] = (plan, memory)
+        return memory.peak <= budget
+
+    fitting, too_big = 0, len(points) - 1
+    if not fits(too_big):
+        if not fits(fitting):
+            least = found[fitting][1]
+            raise NoPlanFitsError(
+                f"no plan fits {budget / 2**30:.1f} GiB on {least.gpu}: the plan of least "
+                f"predicted memory needs {least.peak / 2**30:.1f} GiB there (XLA:GPU). Raise "
+                "the budget, use more devices, or add a mesh axis."
+            )
+        while too_big - fitting > 1:
+            middle = (fitting + too_big) // 2
+            if fits(middle):
+                fitting = middle
+            else:
+                too_big = middle
+    else:
+        fitting = too_big
+    plan, memory = found[fitting]
+    return GpuFit(plan, memory, budget, tuple(compiled))

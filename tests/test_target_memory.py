@@ -12,12 +12,13 @@ from typing import Any
 
 import jax
 import pytest
+from helpers import SHARED_CACHE
 
 import explorer as ex
-from explorer.errors import PlatformError
+from explorer.errors import NoPlanFitsError, PlatformError
 from explorer.evaluation import lower_step
 from explorer.evaluation_store import EvaluationStore
-from explorer.target_memory import target_memory
+from explorer.target_memory import fastest_plan_on_gpu, target_memory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +80,7 @@ import sys
 sys.modules["jax_cuda13_plugin"] = None  # as where the gpu-target extra is not installed
 import explorer as ex
 from explorer.errors import TargetCompilerError
-from explorer.target_memory import target_memory
+from explorer.target_memory import fastest_plan_on_gpu, target_memory
 try:  # refused before the step is traced
     target_memory(ex.load_plan(sys.argv[1]), "a100-pcie-8", lambda *args: None)
 except TargetCompilerError as err:
@@ -100,3 +101,30 @@ def test_without_the_cuda_plugin_the_error_says_how_to_install_it() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "refused: compiling for a GPU without one needs JAX's CUDA plugin" in done.stdout
     assert f"jax-cuda13-plugin=={jax.__version__}" in done.stdout
+
+
+def test_the_fastest_plan_on_the_gpu_fits_and_every_faster_one_compiled_does_not(
+    tmp_path: Path,
+) -> None:
+    # tiny GPT as test_plan analyses it (the session cache serves both): 3 frontier plans
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    analysis = ex.analyze(
+        step, *args, mesh=(4,), platform="a100-pcie-8", cache=SHARED_CACHE, progress=False
+    )
+    points = analysis.frontier.points
+    assert len(points) > 1  # a frontier to search
+    with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
+        peaks = [
+            target_memory(analysis.plan_of(p.selection), "a100-pcie-8", step, *args, store=store)
+            for p in points
+        ]
+        # a budget the fastest plan misses: the search must go down the frontier
+        budget = sorted(m.peak for m in peaks)[len(peaks) // 2]
+        fit = fastest_plan_on_gpu(analysis, step, *args, memory_budget=budget, store=store)
+        assert fit.memory.peak <= fit.budget == budget
+        assert fit.memory == target_memory(fit.plan, "a100-pcie-8", step, *args, store=store)
+        assert all(peak > budget for time, _, peak in fit.compiled if time < fit.plan.time)
+        assert len(fit.compiled) <= 2 + math.ceil(math.log2(len(points)))
+        too_small = min(m.peak for m in peaks) - 1
+        with pytest.raises(NoPlanFitsError, match=r"no plan fits .* on A100-PCIe-40GB"):
+            fastest_plan_on_gpu(analysis, step, *args, memory_budget=too_small, store=store)
