@@ -104,17 +104,69 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
             run.failed(f"{case.label}: {name}", err)
         if name == "alpa":
             cost["alpa_total_s"] = time.perf_counter() - begun
+    gpu = _on_gpu(run, case, analysis, plans=plans, notes=notes, step=step, args=args)
     truths = _evaluate_all(run, case, plans, step, args)
-    for name in ("cfp", *BASELINES):
+    for name in ("cfp", *BASELINES, "cfp_gpu"):
         plan, truth = plans.get(name), truths.get(name)
+        if name == "cfp_gpu" and plan is None and notes[name].startswith("not compiled"):
+            continue  # nothing judged on the GPU yet: the row would say only that
         run.rows.append(
             _row(case, name, plan, truth, capacity=capacity, note=notes.get(name, ""), cost=cost)
+        )
+        memory = gpu.get(name)
+        run.rows[-1].update(
+            gpu_memory=memory.peak if memory is not None else math.nan,
+            fits_gpu=(memory.peak <= capacity) if memory is not None else None,
         )
         if name == "cfp" and plan is not None:
             run.rows[-1]["cfp_space_min_s"] = min(fitting) if fitting else math.nan
     _explain_losses(run, case, analysis, plans, truths=truths, capacity=capacity)
     run.done.append(case.label)
     run.log(f"   {case.label}: {time.perf_counter() - began:.0f} s")
+
+
+def _on_gpu(
+    run: PaperRun,
+    case: PaperCase,
+    analysis: Any,
+    *,
+    plans: dict[str, Any],
+    notes: dict[str, str],
+    step: Any,
+    args: Any,
+) -> dict[str, Any]:
+    """XLA:GPU's memory of every plan on the platform's GPU (`target_memory`), and the CFP
+    plan chosen by it (`fastest_plan_on_gpu`, added to `plans` as "cfp_gpu"). In "kept" mode
+    only what the store holds; a plan it does not hold has none."""
+    from explorer.errors import ExplorerError
+    from explorer.target_memory import fastest_plan_on_gpu, target_memory
+
+    store, compile_missing = run.gpu_memories, run.gpu_memory == "compile"
+    found: dict[str, Any] = {}
+    for name, plan in plans.items():
+        try:
+            found[name] = target_memory(
+                plan, case.platform, step, *args, store=store, compile_missing=compile_missing
+            )
+        except LookupError:
+            pass
+        except Exception as err:
+            run.failed(f"{case.label}: XLA:GPU memory of {name}", err)
+    try:
+        fit = fastest_plan_on_gpu(
+            analysis, step, *args, store=store, compile_missing=compile_missing
+        )
+    except LookupError:
+        notes["cfp_gpu"] = "not compiled for the GPU (run with --gpu-memory)"
+    except ExplorerError as err:  # no plan fits the GPU, or no compiler for it here
+        notes["cfp_gpu"] = str(err).splitlines()[0]
+    else:
+        plans["cfp_gpu"], found["cfp_gpu"] = fit.plan, fit.memory
+        notes["cfp_gpu"] = (
+            f"fastest frontier plan within {fit.budget / 2**30:.0f} GiB on XLA:GPU; "
+            f"{len(fit.compiled)} frontier plans compiled for the GPU to find it"
+        )
+    return found
 
 
 def _baseline(run: PaperRun, analysis: Any, name: str, capacity: int) -> tuple[Any, str]:
@@ -188,7 +240,7 @@ def _row(
         "strategies": strategy_mix(plan) if plan is not None else "",
         "note": note,
     }
-    if name == "cfp":
+    if name in ("cfp", "cfp_gpu"):
         row.update(cost)
     if name == "alpa" and plan is not None:
         ilp = plan.ilp
@@ -342,12 +394,15 @@ def run_paper(
     readme: Path | None = None,
     cases: Sequence[PaperCase] | None = None,
     only: Sequence[str] | None = None,
+    gpu_memory: str = "kept",
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
     path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
     answers (default: the committed `KEPT_CACHE` for the full grid, the user's cache folder for
     the quick one, so that a second run is warm). `only` keeps
-    the cases whose label contains one of its patterns, in its order."""
+    the cases whose label contains one of its patterns, in its order. `gpu_memory`:
+    "compile" compiles every plan for the platform's GPU to judge its fit there (about a
+    minute a plan at the paper's scale), "kept" shows what the store kept from such a run."""
     from explorer.alpa import IlpAnswerStore
     from explorer.evaluation_store import EvaluationStore
 
@@ -357,11 +412,14 @@ def run_paper(
     if cache is None:
         cache = DEFAULT_CACHE.expanduser() if quick else KEPT_CACHE
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
+    run.gpu_memory = gpu_memory
     with (
         EvaluationStore(cache.with_suffix(".evaluations.sqlite")) as store,
         IlpAnswerStore(cache.with_suffix(".alpa.sqlite")) as answers,
+        EvaluationStore(cache.with_suffix(".gpu-memory.sqlite")) as gpu_memories,
     ):
         run.evaluations, run.ilp_answers = store, answers
+        run.gpu_memories = gpu_memories
         for case in grid:
             log(f"== {case.label}")
             try:
@@ -370,6 +428,7 @@ def run_paper(
                 run.failed(case.label, err)
             run.evaluations_kept = store.hits
             run.ilp_answers_kept = answers.hits
+            run.gpu_memories_kept = gpu_memories.hits
             write_report(run, finished=False, readme=readme)  # a stopped run says so
     report = write_report(run, finished=True, readme=readme)
     minutes = (time.perf_counter() - run.started) / 60

@@ -145,6 +145,11 @@ class PaperRun:
     evaluations_kept: int = 0  # whole-step evaluations read from the store, not compiled
     ilp_answers_kept: int = 0  # Alpa ILP answers read from their store, not solved
     evaluations: EvaluationStore | None = None  # where whole-step evaluations are kept
+    # XLA:GPU's memory of each plan (`explorer.target_memory`): "compile" what is not kept, or
+    # "kept" (show what an earlier run compiled, compile nothing: about a minute a plan)
+    gpu_memory: str = "kept"
+    gpu_memories: EvaluationStore | None = None  # where XLA:GPU's memory figures are kept
+    gpu_memories_kept: int = 0
     ilp_answers: IlpAnswerStore | None = None  # where the Alpa ILP's answers are kept
 
     def failed(self, where: str, err: BaseException) -> None:

@@ -96,6 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --paper: the cases whose label contains one of these comma-separated "
         "patterns, in the patterns' order (e.g. 'llama_7b_bf16 batch 2,moe_7_1b_bf16 batch 4')",
     )
+    bench.add_argument(
+        "--gpu-memory",
+        action="store_true",
+        help="with --paper: compile every plan for the platform's GPU (XLA:GPU, no GPU needed; "
+        "about a minute a plan) to judge its fit there; without it the report shows what an "
+        "earlier such run kept",
+    )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
     bench.add_argument(
         "--cache",
@@ -276,6 +283,14 @@ def _bench(args: argparse.Namespace) -> int:
         )
     if args.only is not None and not args.paper:
         raise InputError("--only selects paper cases: expected it with --paper, found it alone")
+    if args.gpu_memory and not args.paper:
+        raise InputError(
+            "--gpu-memory judges paper cases: expected it with --paper, found it alone"
+        )
+    if args.paper:
+        # the grid runs on virtual CPU devices; on the CPU, JAX's CUDA plugin (what compiles
+        # for the platforms' GPUs) loads without CUDA's libraries
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
     start = time.perf_counter()
     if args.paper:
         paper = _harness("paper")
@@ -285,6 +300,7 @@ def _bench(args: argparse.Namespace) -> int:
             out=Path(args.out) if args.out else paper.PAPER_DIR,
             readme=None if args.out else readme,
             cache=Path(args.cache).expanduser() if args.cache else None,
+            gpu_memory="compile" if args.gpu_memory else "kept",
         )
         print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
         return 0

@@ -64,10 +64,13 @@ def target_memory(
     step: Callable[..., Any],
     *args: Any,
     store: EvaluationStore | None = None,
+    compile_missing: bool = True,
 ) -> TargetMemory:
     """The memory of `step` under `plan` on `platform`'s GPU, compiled by XLA:GPU without
     one. `store` keeps answers across runs, by the plan's program and the GPU's configuration
-    (every figure of the platform the compile reads)."""
+    (every figure of the platform the compile reads). With `compile_missing=False` only the
+    store answers: a LookupError where it holds nothing (a report that shows what was kept
+    without compiling)."""
     _check_plan_and_step(plan, step, "target_memory")
     resolved = resolve_platform(platform, "target_memory: platform")
     gpu = gpu_target(resolved)  # an unknown GPU is named before anything is compiled
@@ -78,6 +81,8 @@ def target_memory(
         kept = store.get(key, lambda fields: TargetMemory(**fields))
         if kept is not None:
             return kept
+    if not compile_missing:
+        raise LookupError(f"no kept XLA:GPU memory of this plan on {gpu.gpu}")
     per_node = min(resolved.devices_per_node, plan.mesh.size)
     devices = deviceless_gpus(config, math.ceil(plan.mesh.size / per_node), per_node)
     start = time.perf_counter()
@@ -108,6 +113,7 @@ def fastest_plan_on_gpu(
     *args: Any,
     memory_budget: Any = None,
     store: EvaluationStore | None = None,
+    compile_missing: bool = True,
 ) -> GpuFit:
     """The fastest plan of `analysis.frontier` whose memory on the platform's GPU
     (`target_memory`) fits `memory_budget` (default: the device's memory).
@@ -117,7 +123,8 @@ def fastest_plan_on_gpu(
     plan is compiled first. Where it does not fit, the frontier is bisected for the fastest
     plan that does, on the assumption that XLA:GPU's memory grows with the predicted memory
     along it (the plan returned was compiled and fits; a faster one that the assumption
-    skipped could fit too). A few compiles: at most 2 + log2 of the frontier's points."""
+    skipped could fit too). A few compiles: at most 2 + log2 of the frontier's points.
+    `store` and `compile_missing` as for `target_memory`."""
     budget = int(
         analysis.platform.device.memory_bytes
         if memory_budget is None
@@ -129,7 +136,9 @@ def fastest_plan_on_gpu(
 
     def fits(index: int) -> bool:
         plan = analysis.plan_of(points[index].selection, source="cfp")
-        memory = target_memory(plan, analysis.platform, step, *args, store=store)
+        memory = target_memory(
+            plan, analysis.platform, step, *args, store=store, compile_missing=compile_missing
+        )
         compiled.append((plan.time, plan.memory, memory.peak))
         found[index] = (plan, memory)
         return memory.peak <= budget
