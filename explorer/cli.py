@@ -287,10 +287,13 @@ def _bench(args: argparse.Namespace) -> int:
         raise InputError(
             "--gpu-memory judges paper cases: expected it with --paper, found it alone"
         )
-    if args.paper:
+    if args.paper and not os.environ.get("JAX_PLATFORMS"):
         # the grid runs on virtual CPU devices; on the CPU, JAX's CUDA plugin (what compiles
-        # for the platforms' GPUs) loads without CUDA's libraries
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        # for the platforms' GPUs) loads without CUDA's libraries. JAX read its environment
+        # when it was imported, so the setting is made where JAX reads it now.
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
     start = time.perf_counter()
     if args.paper:
         paper = _harness("paper")
