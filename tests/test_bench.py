@@ -27,7 +27,7 @@ from benchmarks.paper_grid import (
 )
 from benchmarks.paper_grid import README_END as PAPER_END
 from benchmarks.paper_grid import README_START as PAPER_START
-from benchmarks.paper_report import case_table, goals, unfitted
+from benchmarks.paper_report import case_table, goals, judged_on_gpu, unfitted
 from benchmarks.quality import geomean, quality_summary
 from benchmarks.report import write_report
 from explorer.errors import ExplorerError, InputError
@@ -253,6 +253,30 @@ def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFix
 
     assert main(["bench", "--only", "llama"]) == 2
     assert "--only selects paper cases: expected it with --paper" in capsys.readouterr().err
+    assert main(["bench", "--gpu-memory"]) == 2
+    assert "--gpu-memory judges paper cases: expected it with --paper" in capsys.readouterr().err
+
+
+def test_judged_on_the_gpu_the_cfp_plan_is_the_one_chosen_by_xla_gpu_memory() -> None:
+    def row(case: str, plan: str, seconds: float, fits: bool, gpu: float | None) -> dict[str, Any]:
+        return {
+            "case": case, "model": "m", "plan": plan, "evaluated_s": seconds, "fits": fits,
+            "evaluated_memory": 50 * 2**30, "time_error": 0.01, "note": "",
+            "gpu_memory": math.nan if gpu is None else gpu * 2**30,
+            "fits_gpu": None if gpu is None else gpu <= 40,
+        }  # fmt: skip
+
+    judged = [row("a", "cfp", 2.0, True, 20), row("a", "dp", 1.5, False, 30),
+              row("a", "cfp_gpu", 1.2, True, 35)]  # fmt: skip
+    # a case where one plan has no XLA:GPU figure is left out, not judged on half its plans
+    partial = [row("b", "cfp", 1.0, True, 20), row("b", "dp", 1.0, True, None),
+               row("b", "cfp_gpu", 1.0, True, 20)]  # fmt: skip
+    frame = judged_on_gpu(pd.DataFrame(judged + partial))
+    assert list(frame["case"]) == ["a", "a"] and list(frame["plan"]) == ["dp", "cfp"]
+    # dp, over the device on XLA:CPU, fits on the GPU: it is compared with the GPU's CFP plan
+    assert list(frame["fits"]) == [True, True]
+    assert case_table(frame).iloc[0]["dp"] == "1.25"
+    assert goals(frame)[0].startswith("CFP at least as fast as every baseline that fits: 1 of 1")
 
 
 def test_the_library_imports_no_benchmark_harness() -> None:
