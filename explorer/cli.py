@@ -40,6 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument(
         "--budget", default=None, help="memory per device, e.g. 8GiB, 512MiB, 1.5GB or 64MB"
     )
+    plan.add_argument(
+        "--gpu-memory",
+        action="store_true",
+        help="judge memory on the platform's GPU: compile each plan's step with XLA:GPU (no "
+        "GPU needed) and choose the fastest plan that fits there",
+    )
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
     profile = sub.add_parser(
         "profile",
@@ -167,6 +173,13 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     config = models.model_config(args.model, args.preset, layers=args.layers)
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
+    if args.gpu_memory:  # a platform that is no known GPU, or no compiler for it, fails now
+        from explorer._jax_compat.deviceless import plugin_versions
+        from explorer.platforms.gpu_targets import gpu_target
+
+        gpu_target(platform)
+        plugin_versions()
+        _jax_on_cpu()
     only = tuple(entry.strip() for entry in args.only if entry.strip())
     if args.workers is not None and args.workers < 1:
         raise ExplorerError(f"--workers: expected >= 1 compile threads, found {args.workers}")
@@ -223,6 +236,13 @@ def _plan(args: argparse.Namespace) -> int:
     out = writable_path(args.out, "--out") if args.out is not None else None
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
+    if args.gpu_memory:  # a platform that is no known GPU, or no compiler for it, fails now
+        from explorer._jax_compat.deviceless import plugin_versions
+        from explorer.platforms.gpu_targets import gpu_target
+
+        gpu_target(platform)
+        plugin_versions()
+        _jax_on_cpu()
     # measured runs time real arrays; the compiled backend needs only shapes
     model = models.build(
         args.model, args.preset, layers=args.layers, abstract=args.backend != "measured"
@@ -248,15 +268,32 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"analysis took {time.perf_counter() - start:.2f} s")
         return 0
     _print_best(analysis.profiles)
-    chosen = analysis.plan(memory_budget=budget)
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
+    from explorer.target_memory import fastest_plan_on_gpu, target_memory
+
+    def on_gpu(plan: Any) -> str:
+        """The plan's memory on the platform's GPU, as a column, where it was asked for."""
+        if not args.gpu_memory:
+            return ""
+        return f" {target_memory(plan, platform, step, *example).peak / 2**30:10.3f}"
+
+    if args.gpu_memory:
+        fit = fastest_plan_on_gpu(analysis, step, *example, memory_budget=budget)
+        chosen = fit.plan
+        print(
+            f"chosen on the GPU: {fit.memory.peak / 2**30:.3f} GiB on {fit.memory.gpu} "
+            f"(XLA:GPU; {len(fit.compiled)} frontier plans compiled for it to find this one)"
+        )
+    else:
+        chosen = analysis.plan(memory_budget=budget)
     print(f"chosen: {chosen.summary()}")
-    print(f"{'plan':10} {'predicted ms':>12} {'evaluated ms':>12} {'memory GiB':>10}")
-    print(_row("cfp", chosen, evaluate(chosen, step, *example)))
+    gpu_column = f" {'GPU GiB':>10}" if args.gpu_memory else ""
+    print(f"{'plan':10} {'predicted ms':>12} {'evaluated ms':>12} {'memory GiB':>10}{gpu_column}")
+    print(_row("cfp", chosen, evaluate(chosen, step, *example)) + on_gpu(chosen))
     for name in BASELINES:  # fsdp and alpa are priced by evaluation: predicted = evaluated
         try:
             plan = analysis.baseline(name)
-            print(_row(name, plan, evaluate(plan, step, *example)))
+            print(_row(name, plan, evaluate(plan, step, *example)) + on_gpu(plan))
         except ExplorerError as err:  # one failed baseline does not hide the others
             print(f"{name:10} failed: {err}")
     if out is not None:
@@ -287,13 +324,8 @@ def _bench(args: argparse.Namespace) -> int:
         raise InputError(
             "--gpu-memory judges paper cases: expected it with --paper, found it alone"
         )
-    if args.paper and not os.environ.get("JAX_PLATFORMS"):
-        # the grid runs on virtual CPU devices; on the CPU, JAX's CUDA plugin (what compiles
-        # for the platforms' GPUs) loads without CUDA's libraries. JAX read its environment
-        # when it was imported, so the setting is made where JAX reads it now.
-        import jax
-
-        jax.config.update("jax_platforms", "cpu")
+    if args.paper:
+        _jax_on_cpu()  # the grid runs on virtual CPU devices
     start = time.perf_counter()
     if args.paper:
         paper = _harness("paper")
@@ -339,6 +371,16 @@ def _harness(module: str) -> ModuleType:
         if err.name not in ("benchmarks", f"benchmarks.{module}"):
             raise  # the harness is there, something it needs is not: say that
         raise ExplorerError(BENCH_NEEDS_CHECKOUT.format(where=checkout)) from err
+
+
+def _jax_on_cpu() -> None:
+    """JAX on the CPU unless JAX_PLATFORMS says otherwise: there JAX's CUDA plugin (what
+    compiles for the platforms' GPUs) loads without CUDA's libraries. JAX read its environment
+    when it was imported, so the setting is made where JAX reads it now."""
+    if not os.environ.get("JAX_PLATFORMS"):
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
 
 
 def _row(name: str, plan: Any, truth: Any) -> str:

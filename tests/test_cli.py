@@ -41,6 +41,15 @@ def test_plan_rejects_an_unknown_preset_clearly(capsys: pytest.CaptureFixture[st
     assert "no preset 'huge'" in err and "tiny" in err
 
 
+def test_plan_on_the_gpu_of_a_platform_without_one_is_refused_before_profiling(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["plan", "--model", "gpt", "--preset", "tiny", "--no-cache"]
+    assert main([*argv, "--platform", "cpu-local", "--gpu-memory"]) == 2
+    err = capsys.readouterr().err
+    assert "its device 'cpu (virtual, 1/8 of a 2-core host)' is not a GPU" in err
+
+
 def test_calibrate_writes_a_platform_file_that_loads(tmp_path: Path) -> None:
     out = tmp_path / "here.json"
     assert main(["calibrate", "--out", str(out), "--sizes", "4096,65536", "--repeats", "2"]) == 0
