@@ -112,15 +112,16 @@ def analyze(
     check_platform_peaks(graph, target)
     blocks = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
     check_mesh_fit(blocks, spec, free_axes)
+    from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
+
     segments = build_segments(graph, blocks, cap=config_cap)
+    dependencies = instance_dependencies(graph, blocks, segments, spec)
+    segments = split_by_dependencies(segments, dependencies, blocks.blocks)
     if not profile:
         return SegmentedStep(graph, blocks, segments, spec, step, tuple(args), target, backend)
-    from explorer.layouts import check_instance_dependencies, instance_dependencies, loop_twins
     from explorer.profile.cache import ProfileCache
     from explorer.profile.runner import profile_all
 
-    dependencies = instance_dependencies(graph, blocks, segments, spec)
-    check_instance_dependencies(segments, dependencies)
     with ProfileCache(cache) as store:
         profiled = profile_all(
             graph,

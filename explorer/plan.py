@@ -105,8 +105,13 @@ def _configure(
         )
     if plan.per_op:  # a per-op plan: its layouts stand as they are
         return graph, _layout_assignment(plan, graph)
-    analysis = build_space(build_blocks(graph, mesh.size), mesh)
     wanted = plan.strategies
+    analysis = build_space(build_blocks(graph, mesh.size), mesh)
+    if any(
+        name not in {s.name for s in block.strategies}
+        for block, name in zip(analysis.blocks, wanted, strict=False)
+    ):  # a plan of the freed 2-D space (`analyze(..., free_axes=True)`)
+        analysis = build_space(build_blocks(graph, mesh.size), mesh, free_axes=True)
     if len(wanted) != len(analysis.blocks):
         raise PlanError(
             f"field 'blocks': the plan has {len(wanted)} blocks, the step has "

@@ -166,6 +166,41 @@ def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]
 
 
 @pytest.mark.slow
+def test_a_plan_of_the_freed_2d_space_applies_and_matches_the_unsharded_step() -> None:
+    """A plan made with `free_axes=True` may put the batch on the inner axis, which the
+    default space does not offer: applying it builds the space that has its strategies
+    (profiling restricted to the pinned configurations and the boundaries)."""
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    default = ex.analyze(step, *warm, mesh=(2, 2), profile=False)
+    offered = {s.name for block in default.blocks for s in block.strategies}
+    layout = ex.analyze(step, *warm, mesh=(2, 2), free_axes=True, profile=False)
+    pins = {}
+    for block in layout.blocks:  # where the freed space has a strategy of its own, take it
+        own = [s.name for s in block.strategies if s.name not in offered]
+        pins[block.index] = own[0] if own else block.strategies[0].name
+    assert any(name not in offered for name in pins.values())
+    wanted = {
+        ",".join(pins[b] for b in instance.blocks) or "-" for instance in layout.segments.instances
+    }
+    analysis = ex.analyze(
+        step,
+        *warm,
+        mesh=(2, 2),
+        free_axes=True,
+        cache=SHARED_CACHE,
+        progress=False,
+        only=lambda kind, label, config: kind == "reshard" or config in wanted,
+    )
+    plan = analysis.plan(pins=pins)
+    assert list(plan.strategies) == [pins[b] for b in range(len(pins))]
+    expected = plain(*warm)
+    assert_trees_close(expected, ex.apply_plan(plan, step, donate=False)(*warm), RTOL, ATOL)
+
+
+@pytest.mark.slow
 def test_a_baseline_the_profiles_left_out_is_priced_on_the_whole_step() -> None:
     step, args, _, _ = _setup()
 

@@ -12,11 +12,11 @@ ShardingAssignment.
 from explorer.layouts.assignment import layout_assignment, replicated
 from explorer.layouts.dependencies import (
     CONTEXT_SEPARATOR,
-    check_instance_dependencies,
     configuration_name,
     external_blocks,
     instance_dependencies,
     loop_twins,
+    split_by_dependencies,
     twin_config,
 )
 from explorer.layouts.placement import PARTIAL_REDUCTIONS, Placement, boundary_reads, place
@@ -26,7 +26,6 @@ __all__ = [
     "PARTIAL_REDUCTIONS",
     "Placement",
     "boundary_reads",
-    "check_instance_dependencies",
     "configuration_name",
     "external_blocks",
     "instance_dependencies",
@@ -34,5 +33,6 @@ __all__ = [
     "loop_twins",
     "place",
     "replicated",
+    "split_by_dependencies",
     "twin_config",
 ]

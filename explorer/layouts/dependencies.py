@@ -4,9 +4,10 @@ of a segment configuration with the strategies it depends on."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
-from explorer.errors import AnalysisError
 from explorer.ir import BlockAnalysis, Config, Graph, ParallelBlock, Segmentation
 from explorer.layouts.placement import Placement, boundary_reads, place
 from explorer.mesh import MeshSpec
@@ -94,24 +95,73 @@ def instance_dependencies(
     )
 
 
-def check_instance_dependencies(
-    segmentation: Segmentation, dependencies: Sequence[tuple[int, ...]]
-) -> None:
-    """A segment type is profiled at its first instance, under the strategies of the blocks
-    that instance depends on: an instance of the type that depends on another number of
-    blocks can never take those programs. Checked before anything is profiled, naming both
-    instances (it is a segmentation error, and profiling first would only waste the time)."""
-    first: dict[int, int] = {}
+def split_by_dependencies(
+    segmentation: Segmentation,
+    dependencies: Sequence[tuple[int, ...]],
+    blocks: Sequence[ParallelBlock],
+) -> Segmentation:
+    """The segmentation with every type split by what its instances depend on.
+
+    A type is profiled at its first instance, under the strategies of the blocks that
+    instance depends on, and every instance of the type takes those programs with its own
+    dependencies in their place, position by position. That holds only where the instances
+    depend on as many blocks, with the same strategies, in the same order. Where a layer
+    sits between the embedding and the head it is not so: with a layer cut in parts, the
+    residual stream skips a part, so the first layer's part reads the embedding's output
+    (no block), a middle layer's the previous layer's, and the last layer's backward reads
+    the head's cotangent. Instances that differ become types of their own ("layer part 3
+    (2)"), each profiled at its first instance: more programs, each priced as it runs."""
+    signatures: dict[int, list[tuple[tuple[str, ...], ...]]] = {}
+    variant_of: list[int] = []
     for instance in segmentation.instances:
-        profiled = segmentation.instances[first.setdefault(instance.unique_id, instance.index)]
-        here, there = dependencies[instance.index], dependencies[profiled.index]
-        if len(here) != len(there):
-            raise AnalysisError(
-                f"segment instance {instance.label!r} depends on {len(here)} block(s) of other "
-                f"instances {list(here)}, but its type would be profiled at {profiled.label!r}, "
-                f"which depends on {len(there)} {list(there)}: the two are not one program type "
-                "(a segmentation error; please report the model). Nothing was profiled."
+        signature = tuple(
+            tuple(s.name for s in blocks[b].strategies) for b in dependencies[instance.index]
+        )
+        seen = signatures.setdefault(instance.unique_id, [])
+        if signature not in seen:
+            seen.append(signature)
+        variant_of.append(seen.index(signature))
+    if all(len(seen) == 1 for seen in signatures.values()):
+        return segmentation
+    new_id: dict[tuple[int, int], int] = {}
+    for unique in segmentation.unique:
+        new_id[(unique.id, 0)] = unique.id
+    for unique in segmentation.unique:
+        for variant in range(1, len(signatures.get(unique.id, [None]))):
+            new_id[(unique.id, variant)] = len(new_id)
+    instances = tuple(
+        replace(instance, unique_id=new_id[(instance.unique_id, variant)])
+        for instance, variant in zip(segmentation.instances, variant_of, strict=True)
+    )
+    counts = Counter(instance.unique_id for instance in instances)
+    types = [replace(unique, instance_count=counts[unique.id]) for unique in segmentation.unique]
+    notes = []
+    for (type_id, variant), index in sorted(new_id.items(), key=lambda item: item[1]):
+        if variant == 0:
+            continue
+        base = segmentation.unique[type_id]
+        types.append(
+            replace(
+                base,
+                id=index,
+                fingerprint=f"{base.fingerprint}/depends-{variant}",
+                label=f"{base.label} ({variant + 1})",
+                instance_count=counts[index],
             )
+        )
+    for unique in segmentation.unique:
+        variants = len(signatures.get(unique.id, []))
+        if variants > 1:
+            notes.append(
+                f"type {unique.label!r} split in {variants}: its instances depend on other "
+                "instances' blocks differently, so no one program stands for them all"
+            )
+    return replace(
+        segmentation,
+        instances=instances,
+        unique=tuple(types),
+        notes=segmentation.notes + tuple(notes),
+    )
 
 
 # between a segment configuration's own strategies and those of the blocks it depends on
