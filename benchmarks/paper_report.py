@@ -308,6 +308,21 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
     return report
 
 
+def _gpu_lines(frame: pd.DataFrame) -> list[str]:
+    """The goals again with every fit judged on XLA:GPU's memory, where some case has it."""
+    on_gpu = judged_on_gpu(frame) if not frame.empty else frame
+    if on_gpu.empty:
+        return []
+    cases = on_gpu["case"].nunique()
+    return [
+        "",
+        f"Judged on XLA:GPU's memory instead ({cases} of {frame['case'].nunique()} cases so far; "
+        "the CFP plan the fastest of its frontier that fits there; the report's last section):",
+        "",
+        *(f"- {line}" for line in goals(on_gpu)),
+    ]
+
+
 def _skipped(run: PaperRun, case: PaperCase) -> bool:
     return any(line.startswith(case.label + ":") for line in run.skipped)
 
@@ -325,6 +340,7 @@ def _update_readme(
         "",
         markdown(headline(frame)) if not frame.empty else "_(no case done yet)_\n",
         *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
+        *_gpu_lines(frame),
         "",
         README_END,
     ]
