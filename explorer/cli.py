@@ -173,13 +173,6 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     config = models.model_config(args.model, args.preset, layers=args.layers)
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
-    if args.gpu_memory:  # a platform that is no known GPU, or no compiler for it, fails now
-        from explorer._jax_compat.deviceless import plugin_versions
-        from explorer.platforms.gpu_targets import gpu_target
-
-        gpu_target(platform)
-        plugin_versions()
-        _jax_on_cpu()
     only = tuple(entry.strip() for entry in args.only if entry.strip())
     if args.workers is not None and args.workers < 1:
         raise ExplorerError(f"--workers: expected >= 1 compile threads, found {args.workers}")
