@@ -322,6 +322,7 @@ _KEPT_COLUMNS = [
     "cfp_space_min_s",
     "alpa_solve_s",
     "alpa_variables",
+    "gpu_memory",  # XLA:GPU's, read back from the kept figures
 ]
 
 
@@ -347,6 +348,10 @@ def test_the_committed_paper_report_is_what_its_kept_caches_give(tmp_path: Path)
             again[column], mine[column], check_dtype=False, check_exact=True, obj=column
         )
     text = report.read_text()
-    # the five plans, and FSDP's and the ILP's once more: each is priced by its whole step
-    assert "; 7 whole-step evaluations read from the evaluation store" in text, text
+    # the five plans and CFP's plan on the GPU, and FSDP's and the ILP's once more: each is
+    # priced by its whole step
+    assert "; 8 whole-step evaluations read from the evaluation store" in text, text
+    # XLA:GPU's memory of the five plans, and of the fastest frontier plan (it fits)
+    assert "(6 figures read from the store" in text, text
+    assert list(again["plan"]) == ["cfp", *BASELINES, "cfp_gpu"]
     assert "and 1 Alpa ILP answers from the ILP store" in text, text
