@@ -97,6 +97,11 @@ def step_memory(case: Case, remat: bool) -> dict[str, Any]:
     memory = read_executable(compiled).memory
     if memory is None:
         raise RuntimeError(f"the {jax.default_backend()} compiler gave no memory analysis")
+    return _memory_fields(memory, start)
+
+
+def _memory_fields(memory: tuple[int, int, int, int], start: float) -> dict[str, Any]:
+    """A memory analysis as a row's fields, with the seconds since `start`."""
     arguments, outputs, temporaries, aliased = memory
     return {
         "arguments": arguments,
@@ -133,16 +138,8 @@ def target_step_memory(case: Case, remat: bool, platform: str) -> dict[str, Any]
     lowered = jax.jit(built.step, donate_argnums=(0, 1)).lower(*args)
     memory = read_executable(lowered.compile(TARGET_COMPILE_OPTIONS)).memory
     assert memory is not None  # XLA:GPU always analyses memory
-    arguments, outputs, temporaries, aliased = memory
-    return {
-        "device": f"cpu, compiled for {load_platform(platform).device.name}",
-        "arguments": arguments,
-        "outputs": outputs,
-        "temporaries": temporaries,
-        "aliased": aliased,
-        "peak": arguments + outputs + temporaries - aliased,
-        "compile_s": time.perf_counter() - start,
-    }
+    device = f"cpu, compiled for {load_platform(platform).device.name}"
+    return {"device": device, **_memory_fields(memory, start)}
 
 
 def allocator_peak(case: Case, remat: bool) -> dict[str, Any]:
