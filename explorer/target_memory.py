@@ -27,7 +27,7 @@ from explorer.evaluation import _program_digest, lower_step
 from explorer.evaluation_store import EvaluationStore
 from explorer.plan_document import _check_plan_and_step
 from explorer.plan_types import Plan
-from explorer.units import parse_bytes
+from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
     from explorer.pipeline import Analysis
@@ -120,7 +120,7 @@ def fastest_plan_on_gpu(
     analysis: Analysis,
     step: Callable[..., Any],
     *args: Any,
-    memory_budget: Any = None,
+    memory_budget: BytesLike | None = None,
     store: EvaluationStore | None = None,
     compile_missing: bool = True,
 ) -> GpuFit:
@@ -153,21 +153,20 @@ def fastest_plan_on_gpu(
         return memory.peak <= budget
 
     fitting, too_big = 0, len(points) - 1
-    if not fits(too_big):
-        if not fits(fitting):
-            least = found[fitting][1]
-            raise NoPlanFitsError(
-                f"no plan fits {budget / 2**30:.1f} GiB on {least.gpu}: the plan of least "
-                f"predicted memory needs {least.peak / 2**30:.1f} GiB there (XLA:GPU). Raise "
-                "the budget, use more devices, or add a mesh axis."
-            )
-        while too_big - fitting > 1:
-            middle = (fitting + too_big) // 2
-            if fits(middle):
-                fitting = middle
-            else:
-                too_big = middle
-    else:
+    if fits(too_big):
         fitting = too_big
+    elif too_big == 0 or not fits(fitting):
+        least = found[fitting][1]
+        raise NoPlanFitsError(
+            f"no plan fits {budget / 2**30:.1f} GiB on {least.gpu}: the plan of least "
+            f"predicted memory needs {least.peak / 2**30:.1f} GiB there (XLA:GPU). Raise "
+            "the budget, use more devices, or add a mesh axis."
+        )
+    while too_big - fitting > 1:  # points[fitting] fits, points[too_big] does not
+        middle = (fitting + too_big) // 2
+        if fits(middle):
+            fitting = middle
+        else:
+            too_big = middle
     plan, memory = found[fitting]
     return GpuFit(plan, memory, budget, tuple(compiled))
