@@ -128,8 +128,9 @@ def target_step_memory(case: Case, remat: bool, platform: str) -> dict[str, Any]
     from explorer.target_memory import TARGET_COMPILE_OPTIONS
 
     model, preset, layers, batch = case
+    target = load_platform(platform)
     cudnn, cuda = plugin_versions()
-    config = target_config(load_platform(platform), cudnn=cudnn, cuda=cuda)
+    config = target_config(target, cudnn=cudnn, cuda=cuda)
     mesh = make_mesh(mesh_spec((1,)), deviceless_gpus(config, 1, 1))
     one = NamedSharding(mesh, PartitionSpec())
     built = build(model, preset, layers=layers, batch=batch, remat=remat, abstract=True)
@@ -138,7 +139,7 @@ def target_step_memory(case: Case, remat: bool, platform: str) -> dict[str, Any]
     lowered = jax.jit(built.step, donate_argnums=(0, 1)).lower(*args)
     memory = read_executable(lowered.compile(TARGET_COMPILE_OPTIONS)).memory
     assert memory is not None  # XLA:GPU always analyses memory
-    device = f"cpu, compiled for {load_platform(platform).device.name}"
+    device = f"cpu, compiled for {target.device.name}"
     return {"device": device, **_memory_fields(memory, start)}
 
 

@@ -194,7 +194,7 @@ def judged_on_gpu(frame: pd.DataFrame) -> pd.DataFrame:
             keep.append(label)
     judged = frame[frame["case"].isin(keep) & (frame["plan"] != "cfp")].copy()
     judged["plan"] = judged["plan"].replace({"cfp_gpu": "cfp"})
-    judged["fits"] = judged["fits_gpu"].map(lambda fits: bool(fits) if fits is not None else False)
+    judged["fits"] = judged["fits_gpu"].eq(True)  # None (no figure) is no fit
     judged["evaluated_memory"] = judged["gpu_memory"]
     return judged
 

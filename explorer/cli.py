@@ -264,12 +264,7 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
     from explorer.target_memory import fastest_plan_on_gpu, target_memory
 
-    def on_gpu(plan: Any) -> str:
-        """The plan's memory on the platform's GPU, as a column, where it was asked for."""
-        if not args.gpu_memory:
-            return ""
-        return f" {target_memory(plan, platform, step, *example).peak / 2**30:10.3f}"
-
+    fit = None
     if args.gpu_memory:
         fit = fastest_plan_on_gpu(analysis, step, *example, memory_budget=budget)
         chosen = fit.plan
@@ -279,6 +274,15 @@ def _plan(args: argparse.Namespace) -> int:
         )
     else:
         chosen = analysis.plan(memory_budget=budget)
+
+    def on_gpu(plan: Any) -> str:
+        """The plan's memory on the platform's GPU, as a column, where it was asked for (the
+        chosen plan's was compiled while choosing it)."""
+        if fit is None:
+            return ""
+        memory = fit.memory if plan is fit.plan else target_memory(plan, platform, step, *example)
+        return f" {memory.peak / 2**30:10.3f}"
+
     print(f"chosen: {chosen.summary()}")
     gpu_column = f" {'GPU GiB':>10}" if args.gpu_memory else ""
     print(f"{'plan':10} {'predicted ms':>12} {'evaluated ms':>12} {'memory GiB':>10}{gpu_column}")

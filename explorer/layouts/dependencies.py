@@ -123,11 +123,10 @@ def split_by_dependencies(
         variant_of.append(seen.index(signature))
     if all(len(seen) == 1 for seen in signatures.values()):
         return segmentation
-    new_id: dict[tuple[int, int], int] = {}
+    # a type's first variant keeps its id; the others are numbered on after the last type
+    new_id = {(unique.id, 0): unique.id for unique in segmentation.unique}
     for unique in segmentation.unique:
-        new_id[(unique.id, 0)] = unique.id
-    for unique in segmentation.unique:
-        for variant in range(1, len(signatures.get(unique.id, [None]))):
+        for variant in range(1, len(signatures[unique.id])):
             new_id[(unique.id, variant)] = len(new_id)
     instances = tuple(
         replace(instance, unique_id=new_id[(instance.unique_id, variant)])
@@ -136,25 +135,24 @@ def split_by_dependencies(
     counts = Counter(instance.unique_id for instance in instances)
     types = [replace(unique, instance_count=counts[unique.id]) for unique in segmentation.unique]
     notes = []
-    for (type_id, variant), index in sorted(new_id.items(), key=lambda item: item[1]):
-        if variant == 0:
+    for unique in segmentation.unique:  # in id order, so the new types follow in theirs
+        variants = len(signatures[unique.id])
+        if variants == 1:
             continue
-        base = segmentation.unique[type_id]
-        types.append(
-            replace(
-                base,
-                id=index,
-                fingerprint=f"{base.fingerprint}/depends-{variant}",
-                label=f"{base.label} ({variant + 1})",
-                instance_count=counts[index],
-            )
+        notes.append(
+            f"type {unique.label!r} split in {variants}: its instances depend on other "
+            "instances' blocks differently, so no one program stands for them all"
         )
-    for unique in segmentation.unique:
-        variants = len(signatures.get(unique.id, []))
-        if variants > 1:
-            notes.append(
-                f"type {unique.label!r} split in {variants}: its instances depend on other "
-                "instances' blocks differently, so no one program stands for them all"
+        for variant in range(1, variants):
+            index = new_id[(unique.id, variant)]
+            types.append(
+                replace(
+                    unique,
+                    id=index,
+                    fingerprint=f"{unique.fingerprint}/depends-{variant}",
+                    label=f"{unique.label} ({variant + 1})",
+                    instance_count=counts[index],
+                )
             )
     return replace(
         segmentation,

@@ -46,10 +46,6 @@ class ComputeCapability:
     threads_per_block: int = 1024
     shared_memory_per_block: int = 49152  # without opting in
 
-    @property
-    def name(self) -> str:
-        return f"{self.major}.{self.minor}"
-
 
 VOLTA = ComputeCapability(7, 0, shared_memory_per_sm=98304, shared_memory_per_block_optin=98304)
 AMPERE = ComputeCapability(8, 0, shared_memory_per_sm=167936, shared_memory_per_block_optin=166912)
