@@ -40,6 +40,8 @@ def checked_arguments(
     profile: Any,
     only: Any,
     cancel: Any,
+    free_axes: Any = False,
+    shard_parameters: Any = False,
 ) -> tuple[MeshSpec, Platform]:
     """`analyze`'s arguments checked where they enter, before the step is traced: the mesh
     and platform normalised, every other argument's type and range."""
@@ -84,8 +86,12 @@ def checked_arguments(
             f"workers: expected None (every core) or an int >= 1 of compile threads, found "
             f"{type(workers).__name__} {workers!r}"
         )
-    if not isinstance(profile, bool):
-        raise InputError(f"profile: expected True or False, found {type(profile).__name__}")
+    switches = {"profile": profile, "free_axes": free_axes, "shard_parameters": shard_parameters}
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            raise InputError(
+                f"{name}: expected True or False, found {type(value).__name__} {value!r}"
+            )
     if only is not None and not callable(only):
         raise InputError(
             f"only: expected None or a function (kind, label, configuration) -> bool, found "

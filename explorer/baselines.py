@@ -70,12 +70,14 @@ def fsdp_parameter_layouts(graph: Graph, mesh: MeshSpec) -> dict[str, DimAxes]:
 
 
 def _find(block: ParallelBlock, role: DimRole, name: str) -> int:
-    """The strategy whose innermost mesh axis splits `role` (DP x TP on 2-D)."""
-    for index, strategy in enumerate(block.strategies):
+    """The strategy whose innermost mesh axis splits `role` (DP x TP on 2-D), its
+    parameters kept where it computes with them (not a ZeRO twin)."""
+    plain = [(i, s) for i, s in enumerate(block.strategies) if not s.stored]
+    for index, strategy in plain:
         if strategy.assignment and strategy.assignment[-1][0] is role:
             return index
     if role in (DimRole.K, DimRole.N):  # fall back to data parallel where TP can't
-        for index, strategy in enumerate(block.strategies):
+        for index, strategy in plain:
             if strategy.assignment and strategy.assignment[-1][0] is DimRole.M:
                 return index
     if block.strategies:

@@ -32,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_model_arguments(plan)
     plan.add_argument("--mesh", default="4", help="mesh shape, e.g. 4 or 2x4")
     plan.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
+    plan.add_argument(
+        "--shard-parameters",
+        action="store_true",
+        help="also offer each batch-split block its ZeRO-3 twin (parameters and optimizer "
+        "state kept sharded over the batch axes, gathered where used)",
+    )
     plan.add_argument("--platform", default="a100-pcie-8", help="preset name or JSON file")
     plan.add_argument("--backend", choices=["compiled", "measured"], default="compiled")
     plan.add_argument("--cache", default="~/.cache/explorer/profiles.sqlite")
@@ -58,6 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_model_arguments(profile)
     profile.add_argument("--mesh", required=True, help="mesh over every device, e.g. 2x4")
     profile.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
+    profile.add_argument(
+        "--shard-parameters",
+        action="store_true",
+        help="also offer each batch-split block its ZeRO-3 twin (parameters and optimizer "
+        "state kept sharded over the batch axes, gathered where used)",
+    )
     profile.add_argument(
         "--platform",
         default="a100-pcie-8",
@@ -108,6 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --paper: compile every plan for the platform's GPU (XLA:GPU, no GPU needed; "
         "about a minute a plan) to judge its fit there; without it the report shows what an "
         "earlier such run kept",
+    )
+    bench.add_argument(
+        "--shard-parameters",
+        action="store_true",
+        help="with --paper: also profile CFP's space with ZeRO twins (rows cfp_zero, "
+        "cfp_zero_gpu); without it the report shows them where the cache holds that space",
     )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
     bench.add_argument(
@@ -183,6 +201,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
         "config": repr(config),
         "mesh": str(mesh),
         "free axes": args.free_axes,
+        "shard parameters": args.shard_parameters,
         "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
         "only": list(only),
     }
@@ -206,6 +225,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             only=only,
             backend=args.backend,
             free_axes=args.free_axes,
+            shard_parameters=args.shard_parameters,
             workers=args.workers or (1 if args.backend == "measured" else None),
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
         )
@@ -249,6 +269,7 @@ def _plan(args: argparse.Namespace) -> int:
             *example,
             mesh=mesh,
             free_axes=args.free_axes,
+            shard_parameters=args.shard_parameters,
             platform=platform,
             backend=args.backend,
             cache=None if args.no_cache else args.cache,
@@ -317,10 +338,12 @@ def _bench(args: argparse.Namespace) -> int:
         )
     if args.only is not None and not args.paper:
         raise InputError("--only selects paper cases: expected it with --paper, found it alone")
-    if args.gpu_memory and not args.paper:
-        raise InputError(
-            "--gpu-memory judges paper cases: expected it with --paper, found it alone"
-        )
+    for flag, given in (
+        ("--gpu-memory", args.gpu_memory),
+        ("--shard-parameters", args.shard_parameters),
+    ):
+        if given and not args.paper:
+            raise InputError(f"{flag} is for paper cases: expected it with --paper, found it alone")
     if args.paper:
         _jax_on_cpu()  # the grid runs on virtual CPU devices
     start = time.perf_counter()
@@ -333,6 +356,7 @@ def _bench(args: argparse.Namespace) -> int:
             readme=None if args.out else readme,
             cache=Path(args.cache).expanduser() if args.cache else None,
             gpu_memory="compile" if args.gpu_memory else "kept",
+            zero_twins="compile" if args.shard_parameters else "kept",
         )
         print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
         return 0

@@ -19,7 +19,7 @@ from explorer.cost import build_cost_model
 from explorer.mesh import MeshLike
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
 from explorer.solve import solve_frontier
-from explorer.space import build_space
+from explorer.space import build_space, parameter_ids
 from explorer.trace import ArgRoles, trace
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ def analyze(
     cache: str | Path | None = ...,
     profile: Literal[True] = ...,
     free_axes: bool = ...,
+    shard_parameters: bool = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
     workers: int | None = ...,
@@ -59,6 +60,7 @@ def analyze(
     cache: str | Path | None = ...,
     profile: bool,
     free_axes: bool = ...,
+    shard_parameters: bool = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
     workers: int | None = ...,
@@ -77,6 +79,7 @@ def analyze(
     cache: str | Path | None = DEFAULT_CACHE,
     profile: bool = True,
     free_axes: bool = False,
+    shard_parameters: bool = False,
     arg_roles: ArgRoles | None = None,
     config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = None,
@@ -87,6 +90,9 @@ def analyze(
     """Trace `step(*args)`, build ParallelBlocks and their strategies on `mesh`, segment the
     block sequence and (unless `profile=False`) profile every unique segment configuration and
     boundary with `backend` priced on `platform`. `cache=None` keeps nothing on disk.
+    `shard_parameters` offers every block that splits its batch a twin keeping its
+    parameters (and their optimizer state) sharded over the batch axes between steps, as
+    ZeRO-3/FSDP does: the solver then trades their gathers for memory block by block.
     `config_cap` caps the configurations of one unique segment: a type over it is cut at its
     block boundaries into smaller types (a block alone over it is refused, naming the block).
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
@@ -107,10 +113,15 @@ def analyze(
         profile=profile,
         only=only,
         cancel=cancel,
+        free_axes=free_axes,
+        shard_parameters=shard_parameters,
     )
     graph = trace(step, *args, arg_roles=arg_roles)
     check_platform_peaks(graph, target)
-    blocks = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
+    stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
+    blocks = build_space(
+        build_blocks(graph, spec.size), spec, free_axes=free_axes, stored_parameters=stored
+    )
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
 

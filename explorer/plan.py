@@ -55,7 +55,7 @@ from explorer.plan_document import (
 from explorer.plan_types import Plan
 from explorer.realize import realize
 from explorer.segments import build_segments
-from explorer.space import build_space
+from explorer.space import build_space, parameter_ids
 from explorer.trace import trace
 
 __all__ = [
@@ -106,12 +106,22 @@ def _configure(
     if plan.per_op:  # a per-op plan: its layouts stand as they are
         return graph, _layout_assignment(plan, graph)
     wanted = plan.strategies
-    analysis = build_space(build_blocks(graph, mesh.size), mesh)
-    if any(
-        name not in {s.name for s in block.strategies}
-        for block, name in zip(analysis.blocks, wanted, strict=False)
-    ):  # a plan of the freed 2-D space (`analyze(..., free_axes=True)`)
-        analysis = build_space(build_blocks(graph, mesh.size), mesh, free_axes=True)
+    blocks = build_blocks(graph, mesh.size)
+    # the space the plan came from: the default one, else the freed 2-D one
+    # (`free_axes=True`), else either with ZeRO twins (`shard_parameters=True`). Only the
+    # space its names need, as the segments (so the boundaries placed) follow its size.
+    for free_axes, stored in (
+        (False, frozenset[int]()),
+        (True, frozenset[int]()),
+        (False, parameter_ids(graph)),
+        (True, parameter_ids(graph)),
+    ):
+        analysis = build_space(blocks, mesh, free_axes=free_axes, stored_parameters=stored)
+        if all(
+            name in {s.name for s in block.strategies}
+            for block, name in zip(analysis.blocks, wanted, strict=False)
+        ):
+            break
     if len(wanted) != len(analysis.blocks):
         raise PlanError(
             f"field 'blocks': the plan has {len(wanted)} blocks, the step has "

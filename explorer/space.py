@@ -6,9 +6,11 @@ divides by the mesh size. 2-D mesh: by default the batch role M is pinned to the
 a dense block's space has the size of the 1-D one. The expert role E may also span both axes
 (expert parallelism over the whole mesh, GShard's layout): like M it splits with no partial
 sums, and without it a 2-D mesh could not hold the experts' 1-D plan. `free_axes=True`
-enumerates every axis-to-role assignment. A strategy that cannot apply is kept in
-`ParallelBlock.excluded` with the reason; a block left with none keeps only the replicated
-strategy.
+enumerates every axis-to-role assignment. With `stored_parameters` a block owning
+parameters also gets ZeRO-3 twins: each batch-splitting strategy once more, its parameters
+kept sharded over the batch axes between steps (`Strategy.stored`). A strategy that cannot
+apply is kept in `ParallelBlock.excluded` with the reason; a block left with none keeps only
+the replicated strategy.
 
 `shardings()` turns a Config into a layout for every value the blocks own (by propagation,
 computed in blocks.py), the step's parameters and their optimizer state (from the consuming
@@ -48,14 +50,43 @@ REPLICATED = Strategy(())
 
 
 def build_space(
-    analysis: BlockAnalysis, mesh: MeshSpec, *, free_axes: bool = False
+    analysis: BlockAnalysis,
+    mesh: MeshSpec,
+    *,
+    free_axes: bool = False,
+    stored_parameters: frozenset[int] = frozenset(),
 ) -> BlockAnalysis:
-    """The same blocks, each with its strategies (and excluded strategies) on `mesh`."""
+    """The same blocks, each with its strategies (and excluded strategies) on `mesh`.
+
+    `stored_parameters` (value ids of the step's parameters; `parameter_ids`) adds the
+    ZeRO-3 twins: a block owning one of them gets, beside each strategy that splits its
+    batch, the same strategy keeping those parameters sharded over the batch axes
+    (`Strategy.stored`), listed after every plain strategy."""
     blocks = []
     for block in analysis.blocks:
         kept, excluded = block_strategies(block, mesh, free_axes=free_axes)
+        if any(layout.value in stored_parameters for layout in block.layouts):
+            kept = kept + stored_twins(kept)
         blocks.append(replace(block, strategies=kept, excluded=excluded))
     return replace(analysis, blocks=tuple(blocks))
+
+
+def parameter_ids(graph: Graph) -> frozenset[int]:
+    """The value ids of the step's parameters (what `build_space` may store sharded)."""
+    return frozenset(v.id for v in graph.inputs_of_kind(ValueKind.PARAMETER))
+
+
+def stored_twins(strategies: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
+    """Per strategy splitting the batch (M), its twin storing the parameters over those axes.
+
+    The batch axes are exactly where such a block holds its weights whole (M never splits a
+    weight), so that is where keeping them sharded saves memory without changing the
+    block's computation."""
+    return tuple(
+        replace(strategy, stored=strategy.axes_of(DimRole.M))
+        for strategy in strategies
+        if strategy.axes_of(DimRole.M) and not strategy.stored
+    )
 
 
 def block_strategies(
@@ -145,6 +176,7 @@ def shardings(
             f"found {len(config.choices)} choices"
         )
     values: dict[int, DimAxes] = {}
+    storing: dict[int, tuple[str, ...]] = {}  # parameter id -> axes its block stores it over
     operands: list[tuple[int, int, DimAxes]] = []
     for block, choice in zip(blocks, config.choices, strict=True):
         if not 0 <= choice < len(block.strategies):
@@ -155,16 +187,55 @@ def shardings(
         strategy = block.strategies[choice]
         for layout in block.layouts:
             values[layout.value] = dim_axes(graph, layout, strategy)
+            storing[layout.value] = strategy.stored
         for operand in block.operand_layouts:
             operands.append(
                 (operand.op, operand.position, dim_axes(graph, operand.layout, strategy))
             )
-    inputs = _input_shardings(graph, values, parameter_layouts or {})
+    stored = _stored_parameters(graph, values, storing, mesh)
+    inputs = _input_shardings(graph, values, {**stored, **(parameter_layouts or {})})
     outputs = _output_shardings(graph, inputs)
     _pin_optimizer_updates(graph, outputs, values)
     input_ids = set(graph.inputs)
     internal = tuple(sorted((v, d) for v, d in values.items() if v not in input_ids))
     return ShardingAssignment(mesh.axes, inputs, outputs, internal, tuple(operands))
+
+
+def _stored_parameters(
+    graph: Graph,
+    values: Mapping[int, DimAxes],
+    storing: Mapping[int, tuple[str, ...]],
+    mesh: MeshSpec,
+) -> dict[str, DimAxes]:
+    """By path, the layout each parameter a strategy stores sharded is kept in (only those
+    whose layout that changes)."""
+    stored: dict[str, DimAxes] = {}
+    for vid, axes in storing.items():
+        value = graph.values[vid]
+        if not axes or value.kind is not ValueKind.PARAMETER:
+            continue
+        layout = stored_layout(value.type.shape, values[vid], axes, mesh)
+        if layout != values[vid]:
+            stored[value.path] = layout
+    return stored
+
+
+def stored_layout(
+    shape: tuple[int, ...], used: DimAxes, axes: tuple[str, ...], mesh: MeshSpec
+) -> DimAxes:
+    """Where a parameter the block uses as `used` is kept when stored over `axes`: `axes`
+    added to its largest whole dim they divide, else to its largest split dim they divide
+    further; as `used` when no dim divides (or the parameter already spans those axes)."""
+    if any(axis in split for split in used for axis in axes):
+        return used
+    parts = mesh.axes_size(axes)
+    # the largest dims first: a weight's hidden dims, not a scan's stacked layer dim
+    by_size = sorted(range(len(shape)), key=lambda d: -shape[d])
+    candidates = [d for d in by_size if not used[d]] + [d for d in by_size if used[d]]
+    for dim in candidates:
+        if shape[dim] % (mesh.axes_size(used[dim]) * parts) == 0:
+            return tuple((*split, *axes) if d == dim else split for d, split in enumerate(used))
+    return used
 
 
 def dim_axes(graph: Graph, layout: ValueLayout, strategy: Strategy) -> DimAxes:
@@ -230,6 +301,8 @@ def _pin_optimizer_updates(
     Left alone, the partitioner may shard the elementwise AdamW update of a replicated
     parameter and all-gather the result: communication no configuration asked for. Walking
     back from each updated parameter through optimizer ops of the same shape pins them.
+    (A parameter a ZeRO twin stores sharded has its update pinned sharded: its gradient,
+    all-reduced where the block made it, is read as a slice, a reduce-scatter on a GPU.)
     """
 
     pending = [

@@ -201,6 +201,33 @@ def test_a_plan_of_the_freed_2d_space_applies_and_matches_the_unsharded_step() -
 
 
 @pytest.mark.slow
+def test_a_plan_with_zero_twins_saves_applies_and_matches_the_unsharded_step(
+    tmp_path: Path,
+) -> None:
+    """A plan of the space with ZeRO twins (`shard_parameters=True`): its layer blocks keep
+    their weights sharded over the batch axis, the plan's JSON says so, and loaded back it
+    applies (the space rebuilt with its twins) and computes the unsharded step's numbers.
+    Its prediction is checked against the whole step compiled under it."""
+    step, warm, _, expected = _setup()
+    pins = {"layer": {0: "M@x", 1: "M@x,params@x", 2: "M@x,params@x", 3: "M@x,params@x"}}
+    wanted = {"M@x,M@x,params@x,M@x,params@x,M@x,params@x"}
+    analysis = ex.analyze(
+        step, *warm, mesh=(4,), platform="a100-pcie-8", cache=SHARED_CACHE, progress=False,
+        shard_parameters=True,
+        only=lambda kind, label, config: kind == "reshard" or label != "layer" or config in wanted,
+    )  # fmt: skip
+    plan = analysis.plan(pins=pins)
+    stored = {path: dims for path, dims in plan.parameter_layouts.items() if "w_" in path}
+    assert stored and all(("x",) in dims for path, dims in stored.items() if "w_qkv" not in path)
+    assert all(not any(dims) for path, dims in stored.items() if "w_qkv" in path)
+    loaded = ex.load_plan(plan.save(tmp_path / "zero.json"))
+    assert loaded.strategies == plan.strategies
+    assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*warm), RTOL, ATOL)
+    truth = ex.evaluate(loaded, step, *warm)
+    assert plan.time == pytest.approx(truth.time, rel=0.1)
+
+
+@pytest.mark.slow
 def test_a_baseline_the_profiles_left_out_is_priced_on_the_whole_step() -> None:
     step, args, _, _ = _setup()
 

@@ -20,13 +20,13 @@ from helpers import assert_trees_close, traced
 
 from explorer.blocks import build_blocks
 from explorer.errors import ArgumentMismatchError
-from explorer.ir import BlockAnalysis, Config, Graph, ValueKind
+from explorer.ir import BlockAnalysis, Config, DimRole, Graph, ValueKind
 from explorer.layouts import place
 from explorer.mesh import make_mesh, mesh_spec
 from explorer.profile.hlo import CollectiveKind, entry_instructions, parse_collectives
 from explorer.realize import realize
 from explorer.segments import build_segments
-from explorer.space import build_space, shardings
+from explorer.space import build_space, parameter_ids, shardings
 
 RTOL = ATOL = 1e-5
 
@@ -199,3 +199,80 @@ def test_random_bits_are_generated_per_shard_as_accelerators_generate_them() -> 
     }
     assert "u32[" in text, "expected dropout's random bits in the step"
     assert batch not in leading, "random bits of the whole batch held on one device"
+
+
+def _zero_space(graph: Graph, shape: tuple[int, ...]) -> BlockAnalysis:
+    spec = mesh_spec(shape)
+    return build_space(build_blocks(graph, spec.size), spec, stored_parameters=parameter_ids(graph))
+
+
+def test_zero_twins_are_offered_only_to_blocks_owning_parameters_after_their_plain_space() -> None:
+    _, _, graph = traced("moe", 2)
+    plain = _space(graph, (2, 2))
+    zero = _zero_space(graph, (2, 2))
+    parameters = parameter_ids(graph)
+    for before, after in zip(plain.blocks, zero.blocks, strict=True):
+        names = [s.name for s in after.strategies]
+        assert names[: len(before.strategies)] == [s.name for s in before.strategies]
+        twins = after.strategies[len(before.strategies) :]
+        owns = any(layout.value in parameters for layout in before.layouts)
+        batch_split = [s for s in before.strategies if s.axes_of(DimRole.M)]
+        assert len(twins) == (len(batch_split) if owns else 0), before.scope
+        for twin, source in zip(twins, batch_split if owns else [], strict=True):
+            assert twin.assignment == source.assignment
+            assert twin.stored == source.axes_of(DimRole.M)
+            assert twin.name == f"{source.name},params@{'+'.join(twin.stored)}"
+
+
+def test_a_zero_twin_keeps_weights_sharded_and_computes_the_unsharded_step() -> None:
+    """Every block on its ZeRO twin (batch split, weights stored over the batch axis), placed
+    as a plan places it: the weights, their AdamW moments and their updates live sharded,
+    the weights are gathered where the blocks compute, every weight gradient is reduced
+    only to the slice its device keeps (a reduce-scatter, as `Collective.scattered` reads
+    it), and the step's numbers are the unsharded step's."""
+    _, args, graph, expected = _gpt_layer()
+    analysis = _zero_space(graph, (4,))
+    spec = mesh_spec((4,))
+    segments = build_segments(graph, analysis)
+
+    def placed(names: list[str]) -> Any:
+        return place(graph, analysis.blocks, Config(_choice(analysis, names)), spec, segments)
+
+    assignment = placed(["M@x,params@x"] * 5).assignment
+    owned = {layout.value for b in analysis.blocks for layout in b.layouts}
+    layouts = dict(zip(graph.inputs, assignment.inputs, strict=True))
+    weights = [
+        v for v in graph.inputs_of_kind(ValueKind.PARAMETER) if v.id in owned and v.type.rank == 2
+    ]
+    assert len(weights) == 5  # qkv, attention-out, MLP in and out, the tied embedding
+    for weight in weights:
+        assert ("x",) in layouts[weight.id], weight.path
+        moments = [
+            dims
+            for vid, dims in layouts.items()
+            if graph.values[vid].kind is ValueKind.OPTIMIZER_STATE
+            and graph.values[vid].path.endswith(weight.path.removeprefix("params"))
+        ]
+        assert len(moments) == 2 and all(d == layouts[weight.id] for d in moments), weight.path
+    step = realize(graph, assignment, make_mesh(spec))
+    collectives = parse_collectives(step.lower(*args).compile().as_text(), spec)
+    shapes = {v.type.shape for v in weights}
+    gathered = {
+        dims for c in collectives if c.kind is CollectiveKind.ALL_GATHER for _, dims in c.shapes
+    }
+    assert shapes - {(256, 64)} <= gathered, "expected the layer's weights gathered"
+    reduced = [
+        (dims, scattered)
+        for c in collectives
+        if c.kind is CollectiveKind.ALL_REDUCE
+        for (_, dims), scattered in zip(
+            c.shapes, c.scattered or (False,) * len(c.shapes), strict=True
+        )
+        if dims in shapes
+    ]
+    assert reduced and all(scattered for _, scattered in reduced), reduced
+    assert_trees_close(expected, step(*args), RTOL, ATOL)
+    # mixed: the layer's first two blocks keep their weights, the rest store them sharded
+    mixed = placed(["M@x", "M@x", "M@x,params@x", "M@x,params@x", "M@x"]).assignment
+    found = realize(graph, mixed, make_mesh(spec))(*args)
+    assert_trees_close(expected, found, RTOL, ATOL)

@@ -213,6 +213,7 @@ def profile_on_cluster(
     only: Sequence[str] = (),
     backend: str = BACKEND,
     free_axes: bool = False,
+    shard_parameters: bool = False,
     config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = 1,
     progress: bool = True,
@@ -225,9 +226,10 @@ def profile_on_cluster(
     Every process of the cluster must call this with the same arguments (`join` checked the
     software; the request is the caller's to check, as the command line does). Process 0
     writes the rows to `cache`; `only` restricts the run to some segment types, boundaries
-    or configurations (see `selection`). `on_program(record)` is called after each program
-    (measured: once every process has finished it), a progress beat. `workers` is the
-    compiling threads of each process (compiled on one CPU process: worker processes).
+    or configurations (see `selection`); `free_axes` and `shard_parameters` build the space
+    as `analyze` does. `on_program(record)` is called after each program (measured: once
+    every process has finished it), a progress beat. `workers` is the compiling threads of
+    each process (compiled on one CPU process: worker processes).
     """
     import jax
 
@@ -235,7 +237,7 @@ def profile_on_cluster(
     from explorer.platforms import Platform, load_platform
     from explorer.profile.runner import profile_all
     from explorer.segments import build_segments
-    from explorer.space import build_space
+    from explorer.space import build_space, parameter_ids
     from explorer.trace import trace
 
     spec = mesh_spec(mesh)
@@ -262,7 +264,10 @@ def profile_on_cluster(
             "such as one written by `python -m explorer calibrate` on this cluster"
         )
     graph = trace(step, *args)
-    analysis = build_space(build_blocks(graph, spec.size), spec, free_axes=free_axes)
+    stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
+    analysis = build_space(
+        build_blocks(graph, spec.size), spec, free_axes=free_axes, stored_parameters=stored
+    )
     segmentation = build_segments(graph, analysis, cap=config_cap)
     keep = selection(only, analysis, segmentation)
     file = ProfileCache(cache) if cluster.leader and cache is not None else None

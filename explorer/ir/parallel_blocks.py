@@ -57,15 +57,22 @@ class OperandLayout:
 
 @dataclass(frozen=True, slots=True)
 class Strategy:
-    """One partition choice of a block: which mesh axes split which head dim roles."""
+    """One partition choice of a block: which mesh axes split which head dim roles.
+
+    `stored`: mesh axes over which the parameters the block owns are *kept* sharded between
+    steps though the block computes with them whole there (ZeRO-3 / FSDP on the batch axes):
+    gathered where the block uses them, their gradient reduce-scattered, their optimizer
+    state sharded. Memory for communication, a trade the solver makes per block."""
 
     assignment: tuple[tuple[DimRole, tuple[str, ...]], ...]
+    stored: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         if not self.assignment:
             return "replicated"
-        return ",".join(f"{role.value}@{'+'.join(axes)}" for role, axes in self.assignment)
+        split = ",".join(f"{role.value}@{'+'.join(axes)}" for role, axes in self.assignment)
+        return f"{split},params@{'+'.join(self.stored)}" if self.stored else split
 
     def axes_of(self, role: DimRole) -> tuple[str, ...]:
         for r, axes in self.assignment:
