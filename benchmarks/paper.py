@@ -19,6 +19,7 @@ nothing it compiled or solved before.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from collections import Counter
@@ -44,10 +45,8 @@ from benchmarks.quality import strategy_mix
 
 def run_case(run: PaperRun, case: PaperCase) -> None:
     """Analyse, plan, price every baseline and evaluate every plan of one case."""
-    from explorer.errors import NoPlanFitsError
     from explorer.pipeline import analyze
     from explorer.platforms import load_platform
-    from explorer.profile.runner import distinct_programs
     from explorer.solve import solve_frontier
 
     platform = load_platform(case.platform)
@@ -72,16 +71,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     analysis = analyze(
         step, *args, mesh=case.mesh, platform=platform, cache=run.cache, progress=False
     )
-    analyse_s = time.perf_counter() - start
-    table = analysis.profiles
-    programs = table[table["program"] != ""].drop_duplicates("program")
-    cost: dict[str, Any] = {
-        "programs": distinct_programs(table),  # a boundary where nothing moves has none
-        "programs_from_cache": distinct_programs(table[table["cached"]]),
-        # what profiling cost when it was done, cached or not: a warm run reports its cold run's
-        "profiling_s": float(programs["seconds"].sum()),
-        "analyse_s": analyse_s,  # trace, blocks, segments and profiling
-    }
+    cost = _search_cost(analysis, time.perf_counter() - start)
     start = time.perf_counter()
     assert analysis.cost_model is not None  # a profiled analysis has one
     solve_frontier(analysis.cost_model, uniform=bool(analysis.graph.loops))
@@ -89,13 +79,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     plans: dict[str, Any] = {}
     notes: dict[str, str] = {}
     fitting = [p.time for p in analysis.frontier.points if p.memory <= capacity]
-    try:
-        plans["cfp"] = analysis.plan(memory_budget=capacity)
-    except NoPlanFitsError:
-        notes["cfp"] = (
-            f"no plan fits {capacity / 2**30:.0f} GiB: the smallest predicted needs "
-            f"{analysis.frontier.min_memory / 2**30:.1f} GiB"
-        )
+    _cfp_plan(analysis, "cfp", capacity, plans=plans, notes=notes)
     for name in BASELINES:
         begun = time.perf_counter()
         try:
@@ -105,13 +89,17 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         if name == "alpa":
             cost["alpa_total_s"] = time.perf_counter() - begun
     gpu = _on_gpu(run, case, analysis, plans=plans, notes=notes, step=step, args=args)
+    zero_cost = _with_zero_twins(run, case, plans=plans, notes=notes, gpu=gpu, step=step, args=args)
     truths = _evaluate_all(run, case, plans, step, args)
-    for name in ("cfp", *BASELINES, "cfp_gpu"):
+    for name in ("cfp", *BASELINES, "cfp_gpu", "cfp_zero", "cfp_zero_gpu"):
         plan, truth = plans.get(name), truths.get(name)
-        if name == "cfp_gpu" and plan is None and notes[name].startswith("not compiled"):
+        if name.endswith("_gpu") and plan is None and notes[name].startswith("not compiled"):
             continue  # nothing judged on the GPU yet: the row would say only that
+        if name.startswith("cfp_zero") and zero_cost is None:
+            continue  # the space with ZeRO twins was not profiled for this case
+        costs = zero_cost if name.startswith("cfp_zero") and zero_cost is not None else cost
         run.rows.append(
-            _row(case, name, plan, truth, capacity=capacity, note=notes.get(name, ""), cost=cost)
+            _row(case, name, plan, truth, capacity=capacity, note=notes.get(name, ""), cost=costs)
         )
         memory = gpu.get(name)
         run.rows[-1].update(
@@ -125,6 +113,37 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     run.log(f"   {case.label}: {time.perf_counter() - began:.0f} s")
 
 
+def _cfp_plan(
+    analysis: Any, name: str, capacity: int, *, plans: dict[str, Any], notes: dict[str, str]
+) -> None:
+    """The fastest plan the analysis predicts within the device memory, as `plans[name]`,
+    or in `notes[name]` how far the leanest is over."""
+    from explorer.errors import NoPlanFitsError
+
+    try:
+        plans[name] = analysis.plan(memory_budget=capacity)
+    except NoPlanFitsError:
+        notes[name] = (
+            f"no plan fits {capacity / 2**30:.0f} GiB: the smallest predicted needs "
+            f"{analysis.frontier.min_memory / 2**30:.1f} GiB"
+        )
+
+
+def _search_cost(analysis: Any, analyse_s: float) -> dict[str, Any]:
+    """What finding the case's plans cost: its programs, and the seconds they took."""
+    from explorer.profile.runner import distinct_programs
+
+    table = analysis.profiles
+    programs = table[table["program"] != ""].drop_duplicates("program")
+    return {
+        "programs": distinct_programs(table),  # a boundary where nothing moves has none
+        "programs_from_cache": distinct_programs(table[table["cached"]]),
+        # what profiling cost when it was done, cached or not: a warm run reports its cold run's
+        "profiling_s": float(programs["seconds"].sum()),
+        "analyse_s": analyse_s,  # trace, blocks, segments and profiling
+    }
+
+
 def _on_gpu(
     run: PaperRun,
     case: PaperCase,
@@ -134,9 +153,10 @@ def _on_gpu(
     notes: dict[str, str],
     step: Any,
     args: Any,
+    chosen: str = "cfp_gpu",
 ) -> dict[str, Any]:
     """XLA:GPU's memory of every plan on the platform's GPU (`target_memory`), and the CFP
-    plan chosen by it (`fastest_plan_on_gpu`, added to `plans` as "cfp_gpu"). In "kept" mode
+    plan chosen by it (`fastest_plan_on_gpu`, added to `plans` as `chosen`). In "kept" mode
     only what the store holds; a plan it does not hold has none."""
     from explorer.errors import ExplorerError
     from explorer.target_memory import fastest_plan_on_gpu, target_memory
@@ -157,16 +177,65 @@ def _on_gpu(
             analysis, step, *args, store=store, compile_missing=compile_missing
         )
     except LookupError:
-        notes["cfp_gpu"] = "not compiled for the GPU (run with --gpu-memory)"
+        notes[chosen] = "not compiled for the GPU (run with --gpu-memory)"
     except ExplorerError as err:  # no plan fits the GPU, or no compiler for it here
-        notes["cfp_gpu"] = str(err).splitlines()[0]
+        notes[chosen] = str(err).splitlines()[0]
     else:
-        plans["cfp_gpu"], found["cfp_gpu"] = fit.plan, fit.memory
-        notes["cfp_gpu"] = (
+        plans[chosen], found[chosen] = fit.plan, fit.memory
+        notes[chosen] = (
             f"fastest frontier plan within {fit.budget / 2**30:.0f} GiB on XLA:GPU; "
             f"{len(fit.compiled)} frontier plans compiled for the GPU to find it"
         )
     return found
+
+
+def _with_zero_twins(
+    run: PaperRun,
+    case: PaperCase,
+    *,
+    plans: dict[str, Any],
+    notes: dict[str, str],
+    gpu: dict[str, Any],
+    step: Any,
+    args: Any,
+) -> dict[str, Any] | None:
+    """CFP over the space with ZeRO twins: its plan within the device memory ("cfp_zero")
+    and the one XLA:GPU's memory chooses ("cfp_zero_gpu"), added to `plans` (their XLA:GPU
+    memory to `gpu`); the analysis' search cost, as `run_case` reports it. None where the
+    run keeps to the cache ("kept") and the cache lacks a program of that space."""
+    from explorer.errors import ProfilingCancelled
+    from explorer.pipeline import analyze
+    from explorer.platforms import load_platform
+
+    capacity = load_platform(case.platform).device.memory_bytes
+    cancel = threading.Event()
+    if run.zero_twins != "compile":
+        cancel.set()  # profile nothing: a program the cache lacks cancels the analysis
+    start = time.perf_counter()
+    try:
+        analysis = analyze(
+            step,
+            *args,
+            mesh=case.mesh,
+            platform=case.platform,
+            cache=run.cache,
+            progress=False,
+            shard_parameters=True,
+            cancel=cancel,
+        )
+    except ProfilingCancelled:
+        return None
+    cost = _search_cost(analysis, time.perf_counter() - start)
+    mine: dict[str, Any] = {}
+    _cfp_plan(analysis, "cfp_zero", capacity, plans=mine, notes=notes)
+    gpu.update(
+        _on_gpu(
+            run, case, analysis, plans=mine, notes=notes, step=step, args=args,
+            chosen="cfp_zero_gpu",
+        )
+    )  # fmt: skip
+    plans.update(mine)
+    return cost
 
 
 def _baseline(run: PaperRun, analysis: Any, name: str, capacity: int) -> tuple[Any, str]:
@@ -240,7 +309,7 @@ def _row(
         "strategies": strategy_mix(plan) if plan is not None else "",
         "note": note,
     }
-    if name in ("cfp", "cfp_gpu"):
+    if name.startswith("cfp"):
         row.update(cost)
     if name == "alpa" and plan is not None:
         ilp = plan.ilp
@@ -395,6 +464,7 @@ def run_paper(
     cases: Sequence[PaperCase] | None = None,
     only: Sequence[str] | None = None,
     gpu_memory: str = "kept",
+    zero_twins: str = "kept",
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
     path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
@@ -402,7 +472,9 @@ def run_paper(
     the quick one, so that a second run is warm). `only` keeps
     the cases whose label contains one of its patterns, in its order. `gpu_memory`:
     "compile" compiles every plan for the platform's GPU to judge its fit there (about a
-    minute a plan at the paper's scale), "kept" shows what the store kept from such a run."""
+    minute a plan at the paper's scale), "kept" shows what the store kept from such a run.
+    `zero_twins`: "compile" also profiles CFP's space with ZeRO twins (rows "cfp_zero",
+    "cfp_zero_gpu"), "kept" shows them where the profile cache holds that whole space."""
     from explorer.alpa import IlpAnswerStore
     from explorer.evaluation_store import EvaluationStore
 
@@ -412,7 +484,7 @@ def run_paper(
     if cache is None:
         cache = DEFAULT_CACHE.expanduser() if quick else KEPT_CACHE
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
-    run.gpu_memory = gpu_memory
+    run.gpu_memory, run.zero_twins = gpu_memory, zero_twins
     with (
         EvaluationStore(cache.with_suffix(".evaluations.sqlite")) as store,
         IlpAnswerStore(cache.with_suffix(".alpa.sqlite")) as answers,

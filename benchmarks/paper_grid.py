@@ -151,6 +151,10 @@ class PaperRun:
     gpu_memories: EvaluationStore | None = None  # where XLA:GPU's memory figures are kept
     gpu_memories_kept: int = 0
     ilp_answers: IlpAnswerStore | None = None  # where the Alpa ILP's answers are kept
+    # CFP over the space with ZeRO twins (`analyze(..., shard_parameters=True)`, rows
+    # "cfp_zero" and "cfp_zero_gpu"): "compile" profiles what the cache lacks, "kept" shows a
+    # case only where the cache holds every program of that space (profiles nothing)
+    zero_twins: str = "kept"
 
     def failed(self, where: str, err: BaseException) -> None:
         line = f"{where}: {type(err).__name__}: {err}".splitlines()[0][:300]

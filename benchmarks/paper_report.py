@@ -168,35 +168,80 @@ def goals(frame: pd.DataFrame) -> list[str]:
     return [
         f"CFP at least as fast as every baseline that fits: {int((per_case >= 1.0).sum())} of "
         f"{len(per_case) + len(lost_on_memory)} cases{unfit_note} (goal: all).",
-        f"Geometric mean over cases against the Alpa-style ILP: {geomean(list(alpa)):.2f}x "
-        "(goal: 1.3x); on MoE: "
+        "Geometric mean over cases against the Alpa-style ILP: "
+        + (f"{geomean(list(alpa)):.2f}x" if len(alpa) else "no case where it fits yet")
+        + " (goal: 1.3x); on MoE: "
         + (f"{geomean(list(moe)):.2f}x" if len(moe) else "no case yet")
         + " (goal: 1.5x).",
         f"CFP prediction within 5 % of the truth: {within} of {len(cfp)} cases (goal: all).",
     ]
 
 
-def judged_on_gpu(frame: pd.DataFrame) -> pd.DataFrame:
+def as_cfp(frame: pd.DataFrame, chosen: str) -> pd.DataFrame:
+    """The cases with a `chosen` row, that row standing as the CFP plan ("cfp") and the
+    other CFP rows left out: the tables then judge that plan against the baselines."""
+    cases = set(frame.loc[frame["plan"] == chosen, "case"])
+    other_cfp = frame["plan"].str.startswith("cfp") & (frame["plan"] != chosen)
+    view = frame[frame["case"].isin(cases) & ~other_cfp].copy()
+    view["plan"] = view["plan"].replace({chosen: "cfp"})
+    return view
+
+
+def judged_on_gpu(frame: pd.DataFrame, chosen: str = "cfp_gpu") -> pd.DataFrame:
     """The cases whose every plan has XLA:GPU's memory (`--gpu-memory`), as the report's
-    tables read them: the CFP plan is the one chosen by XLA:GPU's memory ("cfp_gpu"), and a
+    tables read them: the CFP plan is the one chosen by XLA:GPU's memory (`chosen`), and a
     plan fits where XLA:GPU's program fits the device. Times are the same truth as above."""
-    if "fits_gpu" not in frame or "cfp_gpu" not in set(frame["plan"]):
+    if "fits_gpu" not in frame or chosen not in set(frame["plan"]):
         return frame.iloc[0:0]
     keep = []
     for label, by_plan in _plans_by_case(frame):
-        chosen = by_plan.get("cfp_gpu")
-        if chosen is None or str(chosen.get("note", "")).startswith("not compiled"):
+        row = by_plan.get(chosen)
+        if row is None or str(row.get("note", "")).startswith("not compiled"):
             continue
         evaluated = [
-            r for name, r in by_plan.items() if name != "cfp" and math.isfinite(r["evaluated_s"])
+            r
+            for name, r in by_plan.items()
+            if (name == chosen or not name.startswith("cfp")) and math.isfinite(r["evaluated_s"])
         ]
         if all(r["fits_gpu"] is not None for r in evaluated):
             keep.append(label)
-    judged = frame[frame["case"].isin(keep) & (frame["plan"] != "cfp")].copy()
-    judged["plan"] = judged["plan"].replace({"cfp_gpu": "cfp"})
+    judged = as_cfp(frame[frame["case"].isin(keep)], chosen)
     judged["fits"] = judged["fits_gpu"].eq(True)  # None (no figure) is no fit
     judged["evaluated_memory"] = judged["gpu_memory"]
     return judged
+
+
+def _zero_twin_lines(frame: pd.DataFrame, done: int) -> list[str]:
+    """The report's section on CFP's space with ZeRO twins, where some case has it."""
+    zero = as_cfp(frame, "cfp_zero") if "plan" in frame else frame.iloc[0:0]
+    lines = [
+        "",
+        "## CFP with ZeRO twins",
+        "",
+        "The same cases with CFP searching a larger space (`analyze(..., "
+        "shard_parameters=True)`, `--shard-parameters`): every block that splits its batch "
+        "may also keep its parameters and their optimizer state sharded over the batch axes "
+        "between steps, gathered where it computes (FSDP/ZeRO-3 per block, profiled like "
+        "every other configuration). The CFP plan here is that space's; the baselines are "
+        f"the same rows as above. {zero['case'].nunique() if not zero.empty else 0} of {done} "
+        "cases have it.",
+        "",
+    ]
+    if zero.empty:
+        return lines
+    lines += [*(f"- {line}" for line in goals(zero)), ""]
+    lines += [markdown(headline(zero)), markdown(case_table(zero))]
+    on_gpu = judged_on_gpu(frame, "cfp_zero_gpu")
+    if not on_gpu.empty:
+        lines += [
+            f"Judged on XLA:GPU's memory ({on_gpu['case'].nunique()} cases; the CFP plan the "
+            "fastest of that space's frontier whose XLA:GPU memory fits):",
+            "",
+            *(f"- {line}" for line in goals(on_gpu)),
+            "",
+            markdown(case_table(on_gpu)),
+        ]
+    return lines
 
 
 def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -> Path:
@@ -289,6 +334,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         lines += [markdown(headline(on_gpu)), markdown(case_table(on_gpu))]
         for unfit in unfitted(on_gpu):
             lines.append(f"- **{unfit['case']}**: {unfit['cfp']['note']}.")
+    lines += _zero_twin_lines(frame, len(run.done))
     lines += ["", "## Not run", ""]
     lines += [f"- {line}" for line in run.skipped]
     lines += [f"- {label}: not reached before the run ended" for label in missing]

@@ -27,7 +27,7 @@ from benchmarks.paper_grid import (
 )
 from benchmarks.paper_grid import README_END as PAPER_END
 from benchmarks.paper_grid import README_START as PAPER_START
-from benchmarks.paper_report import case_table, goals, judged_on_gpu, unfitted
+from benchmarks.paper_report import as_cfp, case_table, goals, judged_on_gpu, unfitted
 from benchmarks.quality import geomean, quality_summary
 from benchmarks.report import write_report
 from explorer.errors import ExplorerError, InputError
@@ -253,8 +253,9 @@ def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFix
 
     assert main(["bench", "--only", "llama"]) == 2
     assert "--only selects paper cases: expected it with --paper" in capsys.readouterr().err
-    assert main(["bench", "--gpu-memory"]) == 2
-    assert "--gpu-memory judges paper cases: expected it with --paper" in capsys.readouterr().err
+    for flag in ("--gpu-memory", "--shard-parameters"):
+        assert main(["bench", flag]) == 2
+        assert f"{flag} is for paper cases: expected it with --paper" in capsys.readouterr().err
 
 
 def test_judged_on_the_gpu_the_cfp_plan_is_the_one_chosen_by_xla_gpu_memory() -> None:
@@ -277,6 +278,31 @@ def test_judged_on_the_gpu_the_cfp_plan_is_the_one_chosen_by_xla_gpu_memory() ->
     assert list(frame["fits"]) == [True, True]
     assert case_table(frame).iloc[0]["dp"] == "1.25"
     assert goals(frame)[0].startswith("CFP at least as fast as every baseline that fits: 1 of 1")
+
+
+def test_with_zero_twins_the_cfp_plan_is_that_space_s_and_each_judgement_keeps_its_own() -> None:
+    def row(case: str, plan: str, seconds: float, gpu: float) -> dict[str, Any]:
+        return {
+            "case": case, "model": "m", "plan": plan, "evaluated_s": seconds, "fits": False,
+            "evaluated_memory": 50 * 2**30, "time_error": 0.01, "note": "",
+            "gpu_memory": gpu * 2**30, "fits_gpu": gpu <= 40,
+        }  # fmt: skip
+
+    twins = [row("a", "cfp", 2.0, 39), row("a", "fsdp", 1.5, 30), row("a", "cfp_gpu", 2.0, 39),
+             row("a", "cfp_zero", 1.0, 45), row("a", "cfp_zero_gpu", 1.4, 38)]  # fmt: skip
+    plain = [row("b", "cfp", 1.0, 20), row("b", "fsdp", 1.0, 20), row("b", "cfp_gpu", 1.0, 20)]
+    frame = pd.DataFrame(twins + plain)
+    zero = as_cfp(frame, "cfp_zero")  # case b has no such row: left out
+    assert list(zero["plan"]) == ["fsdp", "cfp"] and list(zero["evaluated_s"]) == [1.5, 1.0]
+    on_gpu = judged_on_gpu(frame, "cfp_zero_gpu")
+    assert list(on_gpu["plan"]) == ["fsdp", "cfp"] and list(on_gpu["evaluated_s"]) == [1.5, 1.4]
+    assert goals(on_gpu)[0].startswith("CFP at least as fast as every baseline that fits: 1 of 1")
+    # the plain space's judgement ignores the twin rows: there FSDP beats CFP
+    plain_gpu = judged_on_gpu(frame)
+    assert list(plain_gpu.loc[plain_gpu["case"] == "a", "plan"]) == ["fsdp", "cfp"]
+    assert goals(plain_gpu)[0].startswith(
+        "CFP at least as fast as every baseline that fits: 1 of 2"
+    )
 
 
 def test_the_library_imports_no_benchmark_harness() -> None:
