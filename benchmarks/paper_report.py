@@ -369,6 +369,25 @@ def _gpu_lines(frame: pd.DataFrame) -> list[str]:
     ]
 
 
+def _zero_readme_lines(frame: pd.DataFrame) -> list[str]:
+    """The goals once more for CFP's space with ZeRO twins, where some case has it."""
+    lines = []
+    for view, judged in (
+        (as_cfp(frame, "cfp_zero"), "XLA:CPU's memory"),
+        (judged_on_gpu(frame, "cfp_zero_gpu"), "XLA:GPU's memory"),
+    ):
+        if view.empty:
+            continue
+        lines += [
+            "",
+            f"With ZeRO twins in CFP's space (`--shard-parameters`; {view['case'].nunique()} "
+            f"of {frame['case'].nunique()} cases so far), judged on {judged}:",
+            "",
+            *(f"- {line}" for line in goals(view)),
+        ]
+    return lines
+
+
 def _skipped(run: PaperRun, case: PaperCase) -> bool:
     return any(line.startswith(case.label + ":") for line in run.skipped)
 
@@ -387,6 +406,7 @@ def _update_readme(
         markdown(headline(frame)) if not frame.empty else "_(no case done yet)_\n",
         *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
         *_gpu_lines(frame),
+        *(_zero_readme_lines(frame) if not frame.empty else []),
         "",
         README_END,
     ]
