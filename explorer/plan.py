@@ -31,10 +31,12 @@ from explorer.evaluation import (
     lower_step,
 )
 from explorer.ir import (
+    BlockAnalysis,
     Config,
     DimAxes,
     Graph,
     ParallelBlock,
+    Segmentation,
     ShardingAssignment,
     TensorType,
     ValueKind,
@@ -106,22 +108,7 @@ def _configure(
     if plan.per_op:  # a per-op plan: its layouts stand as they are
         return graph, _layout_assignment(plan, graph)
     wanted = plan.strategies
-    blocks = build_blocks(graph, mesh.size)
-    # the space the plan came from: the default one, else the freed 2-D one
-    # (`free_axes=True`), else either with ZeRO twins (`shard_parameters=True`). Only the
-    # space its names need, as the segments (so the boundaries placed) follow its size.
-    for free_axes, stored in (
-        (False, frozenset[int]()),
-        (True, frozenset[int]()),
-        (False, parameter_ids(graph)),
-        (True, parameter_ids(graph)),
-    ):
-        analysis = build_space(blocks, mesh, free_axes=free_axes, stored_parameters=stored)
-        if all(
-            name in {s.name for s in block.strategies}
-            for block, name in zip(analysis.blocks, wanted, strict=False)
-        ):
-            break
+    analysis, segmentation = _space_of(plan, graph)
     if len(wanted) != len(analysis.blocks):
         raise PlanError(
             f"field 'blocks': the plan has {len(wanted)} blocks, the step has "
@@ -140,12 +127,43 @@ def _configure(
         _check_loops_uniform(graph, analysis.blocks, wanted)
     # the plan's parameter layouts stand (they differ from the blocks' for FSDP)
     parameters = plan.parameter_layouts
-    segmentation = build_segments(graph, analysis)
     config = Config(tuple(choices))
     placement = place(
         graph, analysis.blocks, config, mesh, segmentation, parameter_layouts=parameters
     )
     return graph, placement.assignment
+
+
+def _space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
+    """The space a block plan came from, and its segments: the default one, the freed 2-D
+    one (`free_axes=True`), or either with ZeRO twins (`shard_parameters=True`). The first
+    that offers every strategy the plan names and cuts the step into as many segment
+    instances as the plan records: a larger space may cut a layer into parts, and the
+    boundaries placed must be those its programs were priced with. Else the first that
+    offers the names; else the default one (whose names the error then lists)."""
+    mesh = plan.mesh
+    blocks = build_blocks(graph, mesh.size)
+    offering: tuple[BlockAnalysis, Segmentation] | None = None
+    for free_axes, stored in (
+        (False, frozenset[int]()),
+        (True, frozenset[int]()),
+        (False, parameter_ids(graph)),
+        (True, parameter_ids(graph)),
+    ):
+        analysis = build_space(blocks, mesh, free_axes=free_axes, stored_parameters=stored)
+        if len(analysis.blocks) != len(plan.strategies) or any(
+            name not in {s.name for s in block.strategies}
+            for block, name in zip(analysis.blocks, plan.strategies, strict=True)
+        ):
+            continue
+        segmentation = build_segments(graph, analysis)
+        if not plan.segments or len(segmentation.instances) == len(plan.segments):
+            return analysis, segmentation
+        offering = offering or (analysis, segmentation)
+    if offering is not None:
+        return offering
+    analysis = build_space(blocks, mesh)
+    return analysis, build_segments(graph, analysis)
 
 
 def _check_loops_uniform(

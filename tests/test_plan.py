@@ -228,6 +228,46 @@ def test_a_plan_with_zero_twins_saves_applies_and_matches_the_unsharded_step(
 
 
 @pytest.mark.slow
+def test_a_plan_of_the_zero_twin_space_is_placed_with_that_space_s_segments() -> None:
+    """On a 2-D mesh the space with ZeRO twins cuts a GPT layer into parts, so a plan of it
+    whose strategies are all plain must still be placed with its parts' boundaries, as its
+    programs were priced (the default space, which also offers those names, has none there
+    and places the step otherwise). Profiling is restricted to the pinned configurations."""
+    from explorer.ir import Config
+    from explorer.layouts import place
+    from explorer.plan import _configure
+
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    shape = ex.analyze(step, *warm, mesh=(2, 2), shard_parameters=True, profile=False)
+    assert len(shape.segments.instances) > len(
+        ex.analyze(step, *warm, mesh=(2, 2), profile=False).segments.instances
+    )
+    pins = {block.index: "M@x,N@y" for block in shape.blocks}
+    wanted = {",".join("M@x,N@y" for _ in i.blocks) or "-" for i in shape.segments.instances}
+
+    def pinned(kind: str, label: str, config: str) -> bool:
+        if kind == "reshard":
+            return set(config.split("->")) <= {"M@x,N@y", "none"}
+        return config in wanted
+
+    analysis = ex.analyze(
+        step, *warm, mesh=(2, 2), shard_parameters=True, cache=SHARED_CACHE, progress=False,
+        only=pinned,
+    )  # fmt: skip
+    plan = analysis.plan(pins=pins)
+    assert set(plan.strategies) == {"M@x,N@y"}
+    assert all(b.strategies[1].name == "M@x,N@y" for b in analysis.blocks)
+    config = Config((1,) * len(analysis.blocks))
+    priced = place(analysis.graph, analysis.blocks, config, plan.mesh, analysis.segments)
+    _, applied = _configure(plan, step, warm)
+    assert applied == priced.assignment
+    assert_trees_close(plain(*warm), ex.apply_plan(plan, step, donate=False)(*warm), RTOL, ATOL)
+
+
+@pytest.mark.slow
 def test_a_baseline_the_profiles_left_out_is_priced_on_the_whole_step() -> None:
     step, args, _, _ = _setup()
 
