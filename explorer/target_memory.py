@@ -32,7 +32,7 @@ from explorer.units import BytesLike, parse_bytes
 if TYPE_CHECKING:
     from explorer.pipeline import Analysis
 from explorer.platforms import PlatformLike, resolve_platform
-from explorer.platforms.gpu_targets import gpu_target, target_config
+from explorer.platforms.gpu_targets import check_compilable, gpu_target, target_config
 
 # Matrix products go to cuBLAS, not to Triton fusions. Without a GPU to autotune on, XLA:GPU
 # picks Triton's tiles by heuristics that fail on some sharded shapes ("Couldn't find output
@@ -92,6 +92,7 @@ def target_memory(
             return kept
     if not compile_missing:
         raise LookupError(f"no kept XLA:GPU memory of this plan on {gpu.gpu}")
+    check_compilable(resolved, cuda)  # before XLA fails deep inside on an old GPU
     per_node = min(resolved.devices_per_node, plan.mesh.size)
     devices = deviceless_gpus(config, math.ceil(plan.mesh.size / per_node), per_node)
     start = time.perf_counter()

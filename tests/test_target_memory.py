@@ -15,7 +15,7 @@ import pytest
 from helpers import SHARED_CACHE
 
 import explorer as ex
-from explorer.errors import NoPlanFitsError, PlatformError
+from explorer.errors import NoPlanFitsError, PlatformError, TargetCompilerError
 from explorer.evaluation import lower_step
 from explorer.evaluation_store import EvaluationStore
 from explorer.target_memory import fastest_plan_on_gpu, target_memory
@@ -73,6 +73,20 @@ def test_a_platform_whose_device_is_no_known_gpu_is_refused_before_compiling() -
     step, args = _mlp()
     with pytest.raises(PlatformError, match=r"'cpu-local'.*is not a GPU.*A100-PCIe-40GB"):
         target_memory(ex.load_plan(GOLDEN / "cfp.json"), "cpu-local", step, *args)
+
+
+def test_a_gpu_the_installed_cuda_cannot_compile_for_is_refused_naming_what_can() -> None:
+    from explorer._jax_compat.deviceless import plugin_versions
+
+    _, cuda = plugin_versions()
+    if cuda[0] < 13:
+        pytest.skip(f"the installed CUDA plugin (CUDA {cuda[0]}) still compiles for Volta")
+    step, args = _mlp()
+    with pytest.raises(
+        TargetCompilerError,
+        match=r"V100-SXM2-16GB \(compute capability 7\.0\).*CUDA 13.*jax-cuda12-plugin",
+    ):
+        target_memory(ex.load_plan(GOLDEN / "dp.json"), "v100-nvlink-4", step, *args)
 
 
 _WITHOUT_PLUGIN = """

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from explorer.errors import PlatformError
+from explorer.errors import PlatformError, TargetCompilerError
 from explorer.platforms.model import Platform
 
 
@@ -87,6 +87,27 @@ def gpu_target(platform: Platform) -> GpuTarget:
             "specifications to explorer.platforms.gpu_targets.GPU_TARGETS"
         )
     return target
+
+
+# The oldest compute capability each CUDA major release still compiles for: CUDA 13.0 dropped
+# Maxwell, Pascal and Volta (sm_50 to sm_72; the CUDA 13.0 release notes).
+OLDEST_CAPABILITY = {13: (7, 5)}
+
+
+def check_compilable(platform: Platform, cuda: tuple[int, int]) -> None:
+    """A clear error where the CUDA that the installed plugin was built against cannot
+    compile for `platform`'s GPU (before XLA fails deep inside with "ptxas too old")."""
+    target = gpu_target(platform)
+    cc = target.capability
+    oldest = OLDEST_CAPABILITY.get(cuda[0])
+    if oldest is not None and (cc.major, cc.minor) < oldest:
+        raise TargetCompilerError(
+            f"platform {platform.name!r}: {target.gpu} (compute capability "
+            f"{cc.major}.{cc.minor}) cannot be compiled for by JAX's CUDA plugin installed "
+            f"here, built against CUDA {cuda[0]}.{cuda[1]}: CUDA {cuda[0]} compiles for "
+            f"compute capability {oldest[0]}.{oldest[1]} and newer. Judge this GPU's memory "
+            "with jax-cuda12-plugin installed instead (the same version as jax)"
+        )
 
 
 def target_config(platform: Platform, *, cudnn: tuple[int, int], cuda: tuple[int, int]) -> str:
