@@ -93,10 +93,10 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     truths = _evaluate_all(run, case, plans, step, args)
     for name in ("cfp", *BASELINES, "cfp_gpu", "cfp_zero", "cfp_zero_gpu"):
         plan, truth = plans.get(name), truths.get(name)
-        if name.endswith("_gpu") and plan is None and notes[name].startswith("not compiled"):
-            continue  # nothing judged on the GPU yet: the row would say only that
         if name.startswith("cfp_zero") and zero_cost is None:
             continue  # the space with ZeRO twins was not profiled for this case
+        if name.endswith("_gpu") and plan is None and notes[name].startswith("not compiled"):
+            continue  # nothing judged on the GPU yet: the row would say only that
         costs = zero_cost if name.startswith("cfp_zero") and zero_cost is not None else cost
         run.rows.append(
             _row(case, name, plan, truth, capacity=capacity, note=notes.get(name, ""), cost=costs)
