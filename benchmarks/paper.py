@@ -89,7 +89,9 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         if name == "alpa":
             cost["alpa_total_s"] = time.perf_counter() - begun
     gpu = _on_gpu(run, case, analysis, plans=plans, notes=notes, step=step, args=args)
-    zero_cost = _with_zero_twins(run, case, plans=plans, notes=notes, gpu=gpu, step=step, args=args)
+    zero_cost = _with_zero_twins(
+        run, case, platform, plans=plans, notes=notes, gpu=gpu, step=step, args=args
+    )
     truths = _evaluate_all(run, case, plans, step, args)
     for name in ("cfp", *BASELINES, "cfp_gpu", "cfp_zero", "cfp_zero_gpu"):
         plan, truth = plans.get(name), truths.get(name)
@@ -192,6 +194,7 @@ def _on_gpu(
 def _with_zero_twins(
     run: PaperRun,
     case: PaperCase,
+    platform: Any,
     *,
     plans: dict[str, Any],
     notes: dict[str, str],
@@ -205,9 +208,8 @@ def _with_zero_twins(
     run keeps to the cache ("kept") and the cache lacks a program of that space."""
     from explorer.errors import ProfilingCancelled
     from explorer.pipeline import analyze
-    from explorer.platforms import load_platform
 
-    capacity = load_platform(case.platform).device.memory_bytes
+    capacity = platform.device.memory_bytes
     cancel = threading.Event()
     if run.zero_twins != "compile":
         cancel.set()  # profile nothing: a program the cache lacks cancels the analysis
@@ -217,7 +219,7 @@ def _with_zero_twins(
             step,
             *args,
             mesh=case.mesh,
-            platform=case.platform,
+            platform=platform,
             cache=run.cache,
             progress=False,
             shard_parameters=True,

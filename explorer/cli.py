@@ -23,6 +23,10 @@ from explorer.units import parse_bytes
 
 # The exit status of a run stopped by Ctrl-C, as shells report a process ended by SIGINT.
 INTERRUPTED = 130
+SHARD_PARAMETERS_HELP = (
+    "also offer each batch-split block its ZeRO-3 twin (parameters and optimizer state kept "
+    "sharded over the batch axes, gathered where used)"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,8 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument(
         "--shard-parameters",
         action="store_true",
-        help="also offer each batch-split block its ZeRO-3 twin (parameters and optimizer "
-        "state kept sharded over the batch axes, gathered where used)",
+        help=SHARD_PARAMETERS_HELP,
     )
     plan.add_argument("--platform", default="a100-pcie-8", help="preset name or JSON file")
     plan.add_argument("--backend", choices=["compiled", "measured"], default="compiled")
@@ -67,8 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile.add_argument(
         "--shard-parameters",
         action="store_true",
-        help="also offer each batch-split block its ZeRO-3 twin (parameters and optimizer "
-        "state kept sharded over the batch axes, gathered where used)",
+        help=SHARD_PARAMETERS_HELP,
     )
     profile.add_argument(
         "--platform",

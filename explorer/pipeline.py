@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from explorer.analysis import Analysis, SegmentedStep
 from explorer.arguments import check_mesh_fit, check_platform_peaks, checked_arguments
-from explorer.blocks import build_blocks
 from explorer.cost import build_cost_model
 from explorer.mesh import MeshLike
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
 from explorer.solve import solve_frontier
-from explorer.space import build_space, parameter_ids
+from explorer.space import step_space
 from explorer.trace import ArgRoles, trace
 
 if TYPE_CHECKING:
@@ -118,10 +117,7 @@ def analyze(
     )
     graph = trace(step, *args, arg_roles=arg_roles)
     check_platform_peaks(graph, target)
-    stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
-    blocks = build_space(
-        build_blocks(graph, spec.size), spec, free_axes=free_axes, stored_parameters=stored
-    )
+    blocks = step_space(graph, spec, free_axes=free_axes, shard_parameters=shard_parameters)
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
 

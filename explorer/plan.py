@@ -144,11 +144,12 @@ def _space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
     mesh = plan.mesh
     blocks = build_blocks(graph, mesh.size)
     offering: tuple[BlockAnalysis, Segmentation] | None = None
+    parameters = parameter_ids(graph)
     for free_axes, stored in (
         (False, frozenset[int]()),
         (True, frozenset[int]()),
-        (False, parameter_ids(graph)),
-        (True, parameter_ids(graph)),
+        (False, parameters),
+        (True, parameters),
     ):
         analysis = build_space(blocks, mesh, free_axes=free_axes, stored_parameters=stored)
         if len(analysis.blocks) != len(plan.strategies) or any(

@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
+from explorer.blocks import build_blocks
 from explorer.errors import AnalysisError
 from explorer.ir import (
     BlockAnalysis,
@@ -69,6 +70,17 @@ def build_space(
             kept = kept + stored_twins(kept)
         blocks.append(replace(block, strategies=kept, excluded=excluded))
     return replace(analysis, blocks=tuple(blocks))
+
+
+def step_space(
+    graph: Graph, mesh: MeshSpec, *, free_axes: bool = False, shard_parameters: bool = False
+) -> BlockAnalysis:
+    """The step's ParallelBlocks with their strategies on `mesh`: the space `analyze` and
+    the cluster's profiler search (`shard_parameters`: with ZeRO twins)."""
+    stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
+    return build_space(
+        build_blocks(graph, mesh.size), mesh, free_axes=free_axes, stored_parameters=stored
+    )
 
 
 def parameter_ids(graph: Graph) -> frozenset[int]:

@@ -233,11 +233,10 @@ def profile_on_cluster(
     """
     import jax
 
-    from explorer.blocks import build_blocks
     from explorer.platforms import Platform, load_platform
     from explorer.profile.runner import profile_all
     from explorer.segments import build_segments
-    from explorer.space import build_space, parameter_ids
+    from explorer.space import step_space
     from explorer.trace import trace
 
     spec = mesh_spec(mesh)
@@ -264,10 +263,7 @@ def profile_on_cluster(
             "such as one written by `python -m explorer calibrate` on this cluster"
         )
     graph = trace(step, *args)
-    stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
-    analysis = build_space(
-        build_blocks(graph, spec.size), spec, free_axes=free_axes, stored_parameters=stored
-    )
+    analysis = step_space(graph, spec, free_axes=free_axes, shard_parameters=shard_parameters)
     segmentation = build_segments(graph, analysis, cap=config_cap)
     keep = selection(only, analysis, segmentation)
     file = ProfileCache(cache) if cluster.leader and cache is not None else None
