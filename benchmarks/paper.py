@@ -34,8 +34,10 @@ from benchmarks.paper_grid import (
     DEFAULT_CACHE,
     KEPT_CACHE,
     PAPER_DIR,
+    WIDER_SPACES,
     PaperCase,
     PaperRun,
+    WiderSpace,
     paper_cases,
     select_cases,
 )
@@ -89,19 +91,31 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         if name == "alpa":
             cost["alpa_total_s"] = time.perf_counter() - begun
     gpu = _on_gpu(run, case, analysis, plans=plans, notes=notes, step=step, args=args)
-    zero_cost = _with_zero_twins(
-        run, case, platform, plans=plans, notes=notes, gpu=gpu, step=step, args=args
-    )
+    costs = {"cfp": cost, "cfp_gpu": cost}
+    for space in WIDER_SPACES:
+        wider = _with_wider_space(
+            run, case, platform, space, plans=plans, notes=notes, gpu=gpu, step=step, args=args
+        )
+        if wider is not None:
+            costs[space.row] = costs[space.gpu_row] = wider
     truths = _evaluate_all(run, case, plans, step, args)
-    for name in ("cfp", *BASELINES, "cfp_gpu", "cfp_zero", "cfp_zero_gpu"):
+    wider_rows = (row for space in WIDER_SPACES for row in (space.row, space.gpu_row))
+    for name in ("cfp", *BASELINES, "cfp_gpu", *wider_rows):
         plan, truth = plans.get(name), truths.get(name)
-        if name.startswith("cfp_zero") and zero_cost is None:
-            continue  # the space with ZeRO twins was not profiled for this case
+        if name.startswith("cfp") and name not in costs:
+            continue  # a wider space not profiled for this case
         if name.endswith("_gpu") and plan is None and notes[name].startswith("not compiled"):
             continue  # nothing judged on the GPU yet: the row would say only that
-        costs = zero_cost if name.startswith("cfp_zero") and zero_cost is not None else cost
         run.rows.append(
-            _row(case, name, plan, truth, capacity=capacity, note=notes.get(name, ""), cost=costs)
+            _row(
+                case,
+                name,
+                plan,
+                truth,
+                capacity=capacity,
+                note=notes.get(name, ""),
+                cost=costs.get(name, cost),
+            )
         )
         memory = gpu.get(name)
         run.rows[-1].update(
@@ -191,10 +205,11 @@ def _on_gpu(
     return found
 
 
-def _with_zero_twins(
+def _with_wider_space(
     run: PaperRun,
     case: PaperCase,
     platform: Any,
+    space: WiderSpace,
     *,
     plans: dict[str, Any],
     notes: dict[str, str],
@@ -202,16 +217,19 @@ def _with_zero_twins(
     step: Any,
     args: Any,
 ) -> dict[str, Any] | None:
-    """CFP over the space with ZeRO twins: its plan within the device memory ("cfp_zero")
-    and the one XLA:GPU's memory chooses ("cfp_zero_gpu"), added to `plans` (their XLA:GPU
-    memory to `gpu`); the analysis' search cost, as `run_case` reports it. None where the
-    run keeps to the cache ("kept") and the cache lacks a program of that space."""
+    """CFP over a space wider than the paper's: its plan within the device memory
+    (`space.row`) and the one XLA:GPU's memory chooses (`space.gpu_row`), added to `plans`
+    (their XLA:GPU memory to `gpu`); the analysis' search cost, as `run_case` reports it.
+    None where the space is the paper's (a 2-D widening on a 1-D mesh), or where the run
+    keeps to the cache ("kept") and the cache lacks a program of that space."""
     from explorer.errors import ProfilingCancelled
     from explorer.pipeline import analyze
 
+    if space.two_d_only and len(case.mesh) == 1:
+        return None
     capacity = platform.device.memory_bytes
     cancel = threading.Event()
-    if run.zero_twins != "compile":
+    if run.wider.get(space.row) != "compile":
         cancel.set()  # profile nothing: a program the cache lacks cancels the analysis
     start = time.perf_counter()
     try:
@@ -222,18 +240,19 @@ def _with_zero_twins(
             platform=platform,
             cache=run.cache,
             progress=False,
-            shard_parameters=True,
             cancel=cancel,
+            shard_parameters=space.shard_parameters,
+            whole_mesh=space.whole_mesh,
         )
     except ProfilingCancelled:
         return None
     cost = _search_cost(analysis, time.perf_counter() - start)
     mine: dict[str, Any] = {}
-    _cfp_plan(analysis, "cfp_zero", capacity, plans=mine, notes=notes)
+    _cfp_plan(analysis, space.row, capacity, plans=mine, notes=notes)
     gpu.update(
         _on_gpu(
             run, case, analysis, plans=mine, notes=notes, step=step, args=args,
-            chosen="cfp_zero_gpu",
+            chosen=space.gpu_row,
         )
     )  # fmt: skip
     plans.update(mine)
@@ -466,7 +485,7 @@ def run_paper(
     cases: Sequence[PaperCase] | None = None,
     only: Sequence[str] | None = None,
     gpu_memory: str = "kept",
-    zero_twins: str = "kept",
+    wider: dict[str, str] | None = None,
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
     path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
@@ -475,8 +494,9 @@ def run_paper(
     the cases whose label contains one of its patterns, in its order. `gpu_memory`:
     "compile" compiles every plan for the platform's GPU to judge its fit there (about a
     minute a plan at the paper's scale), "kept" shows what the store kept from such a run.
-    `zero_twins`: "compile" also profiles CFP's space with ZeRO twins (rows "cfp_zero",
-    "cfp_zero_gpu"), "kept" shows them where the profile cache holds that whole space."""
+    `wider` (by row of `WIDER_SPACES`): "compile" also profiles that space of CFP's (rows
+    "cfp_zero" and "cfp_zero_gpu" for ZeRO twins, say), "kept" (the default) shows its rows
+    where the profile cache holds that whole space."""
     from explorer.alpa import IlpAnswerStore
     from explorer.evaluation_store import EvaluationStore
 
@@ -486,7 +506,7 @@ def run_paper(
     if cache is None:
         cache = DEFAULT_CACHE.expanduser() if quick else KEPT_CACHE
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
-    run.gpu_memory, run.zero_twins = gpu_memory, zero_twins
+    run.gpu_memory, run.wider = gpu_memory, dict(wider or {})
     with (
         EvaluationStore(cache.with_suffix(".evaluations.sqlite")) as store,
         IlpAnswerStore(cache.with_suffix(".alpa.sqlite")) as answers,

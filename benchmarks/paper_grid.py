@@ -26,6 +26,57 @@ DEFAULT_CACHE = Path("~/.cache/explorer/paper-profiles.sqlite")  # the quick gri
 KEPT_CACHE = PAPER_DIR / "kept" / "profiles.sqlite"
 ALPA_TIME_LIMIT = 600.0  # seconds, as Alpa's own auto-sharding solver
 
+
+@dataclass(frozen=True, slots=True)
+class WiderSpace:
+    """A space larger than the paper's that CFP may also search, beside it: its rows (`row`,
+    and `row + "_gpu"` chosen by XLA:GPU's memory), the `analyze` switch that builds it, the
+    bench flag that profiles it, and how the report names and describes it."""
+
+    row: str
+    flag: str
+    title: str  # the report section's heading
+    about: str  # what the space adds, for the report
+    shard_parameters: bool = False  # `analyze`'s switches
+    whole_mesh: bool = False
+
+    @property
+    def gpu_row(self) -> str:
+        return f"{self.row}_gpu"
+
+    @property
+    def switch(self) -> str:
+        """The `analyze` keyword that builds the space."""
+        return "shard_parameters" if self.shard_parameters else "whole_mesh"
+
+    @property
+    def two_d_only(self) -> bool:
+        """Whether on a 1-D mesh the space is the paper's (the case then has no rows)."""
+        return not self.shard_parameters
+
+
+WIDER_SPACES = (
+    WiderSpace(
+        row="cfp_zero",
+        flag="--shard-parameters",
+        title="CFP with ZeRO twins",
+        about="every block that splits its batch may also keep its parameters and their "
+        "optimizer state sharded over the batch axes between steps, gathered where it "
+        "computes (FSDP/ZeRO-3 per block, profiled like every other configuration)",
+        shard_parameters=True,
+    ),
+    WiderSpace(
+        row="cfp_whole",
+        flag="--whole-mesh",
+        title="CFP with whole-mesh strategies",
+        about="on a 2-D mesh every block may also take its 1-D strategies over the "
+        "flattened mesh (a dim split over every device, where the paper's rule pins the "
+        "batch to the outer axis and lets only the inner one take another dim), mixed with "
+        "the paper's block by block",
+        whole_mesh=True,
+    ),
+)
+
 MODELS = (
     ("gpt", "gpt_2_6b_bf16"),
     ("gpt", "gpt_6_7b_bf16"),
@@ -151,10 +202,10 @@ class PaperRun:
     gpu_memories: EvaluationStore | None = None  # where XLA:GPU's memory figures are kept
     gpu_memories_kept: int = 0
     ilp_answers: IlpAnswerStore | None = None  # where the Alpa ILP's answers are kept
-    # CFP over the space with ZeRO twins (`analyze(..., shard_parameters=True)`, rows
-    # "cfp_zero" and "cfp_zero_gpu"): "compile" profiles what the cache lacks, "kept" shows a
-    # case only where the cache holds every program of that space (profiles nothing)
-    zero_twins: str = "kept"
+    # CFP over each of the `WIDER_SPACES`, by row: "compile" profiles what the cache lacks,
+    # "kept" (the default) shows a case only where the cache holds every program of that
+    # space (profiles nothing)
+    wider: dict[str, str] = field(default_factory=dict)
 
     def failed(self, where: str, err: BaseException) -> None:
         line = f"{where}: {type(err).__name__}: {err}".splitlines()[0][:300]

@@ -19,8 +19,10 @@ from benchmarks.paper_grid import (
     QUICK_LAYERS,
     README_END,
     README_START,
+    WIDER_SPACES,
     PaperCase,
     PaperRun,
+    WiderSpace,
     paper_cases,
 )
 from benchmarks.quality import geomean
@@ -211,27 +213,24 @@ def judged_on_gpu(frame: pd.DataFrame, chosen: str = "cfp_gpu") -> pd.DataFrame:
     return judged
 
 
-def _zero_twin_lines(frame: pd.DataFrame, done: int) -> list[str]:
-    """The report's section on CFP's space with ZeRO twins, where some case has it."""
-    zero = as_cfp(frame, "cfp_zero") if "plan" in frame else frame.iloc[0:0]
+def _wider_space_lines(frame: pd.DataFrame, done: int, space: WiderSpace) -> list[str]:
+    """The report's section on one of CFP's wider spaces, where some case has it."""
+    wider = as_cfp(frame, space.row) if "plan" in frame else frame.iloc[0:0]
     lines = [
         "",
-        "## CFP with ZeRO twins",
+        f"## {space.title}",
         "",
-        "The same cases with CFP searching a larger space (`analyze(..., "
-        "shard_parameters=True)`, `--shard-parameters`): every block that splits its batch "
-        "may also keep its parameters and their optimizer state sharded over the batch axes "
-        "between steps, gathered where it computes (FSDP/ZeRO-3 per block, profiled like "
-        "every other configuration). The CFP plan here is that space's; the baselines are "
-        f"the same rows as above. {zero['case'].nunique() if not zero.empty else 0} of {done} "
-        "cases have it.",
+        f"The same cases with CFP searching a larger space (`analyze(..., {space.switch}=True)`, "
+        f"`{space.flag}`): {space.about}. The CFP plan here is that space's; the baselines are "
+        f"the same rows as above. {wider['case'].nunique() if not wider.empty else 0} of "
+        f"{done} cases have it.",
         "",
     ]
-    if zero.empty:
+    if wider.empty:
         return lines
-    lines += [*(f"- {line}" for line in goals(zero)), ""]
-    lines += [markdown(headline(zero)), markdown(case_table(zero))]
-    on_gpu = judged_on_gpu(frame, "cfp_zero_gpu")
+    lines += [*(f"- {line}" for line in goals(wider)), ""]
+    lines += [markdown(headline(wider)), markdown(case_table(wider))]
+    on_gpu = judged_on_gpu(frame, space.gpu_row)
     if not on_gpu.empty:
         lines += [
             f"Judged on XLA:GPU's memory ({on_gpu['case'].nunique()} cases; the CFP plan the "
@@ -334,7 +333,8 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         lines += [markdown(headline(on_gpu)), markdown(case_table(on_gpu))]
         for unfit in unfitted(on_gpu):
             lines.append(f"- **{unfit['case']}**: {unfit['cfp']['note']}.")
-    lines += _zero_twin_lines(frame, len(run.done))
+    for space in WIDER_SPACES:
+        lines += _wider_space_lines(frame, len(run.done), space)
     lines += ["", "## Not run", ""]
     lines += [f"- {line}" for line in run.skipped]
     lines += [f"- {label}: not reached before the run ended" for label in missing]
@@ -369,19 +369,19 @@ def _gpu_lines(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def _zero_readme_lines(frame: pd.DataFrame) -> list[str]:
-    """The goals once more for CFP's space with ZeRO twins, where some case has it."""
+def _wider_readme_lines(frame: pd.DataFrame, space: WiderSpace) -> list[str]:
+    """The goals once more for one of CFP's wider spaces, where some case has it."""
     lines = []
     for view, judged in (
-        (as_cfp(frame, "cfp_zero"), "XLA:CPU's memory"),
-        (judged_on_gpu(frame, "cfp_zero_gpu"), "XLA:GPU's memory"),
+        (as_cfp(frame, space.row), "XLA:CPU's memory"),
+        (judged_on_gpu(frame, space.gpu_row), "XLA:GPU's memory"),
     ):
         if view.empty:
             continue
         lines += [
             "",
-            f"With ZeRO twins in CFP's space (`--shard-parameters`; {view['case'].nunique()} "
-            f"of {frame['case'].nunique()} cases so far), judged on {judged}:",
+            f"{space.title} (`{space.flag}`; {view['case'].nunique()} of "
+            f"{frame['case'].nunique()} cases so far), judged on {judged}:",
             "",
             *(f"- {line}" for line in goals(view)),
         ]
@@ -406,7 +406,11 @@ def _update_readme(
         markdown(headline(frame)) if not frame.empty else "_(no case done yet)_\n",
         *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
         *_gpu_lines(frame),
-        *(_zero_readme_lines(frame) if not frame.empty else []),
+        *(
+            line
+            for space in WIDER_SPACES
+            for line in (_wider_readme_lines(frame, space) if not frame.empty else [])
+        ),
         "",
         README_END,
     ]

@@ -62,7 +62,7 @@ class SegmentedStep:
         from explorer.layouts import instance_dependencies
 
         depends = instance_dependencies(self.graph, self.block_analysis, self.segments, self.mesh)
-        reshards = reshard_signatures(self.graph, self.blocks, self.segments)
+        reshards = reshard_signatures(self.graph, self.blocks, self.segments, self.mesh)
         return program_count(self.segments, self.block_analysis, depends, reshards)
 
     @property

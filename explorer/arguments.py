@@ -41,6 +41,7 @@ def checked_arguments(
     only: Any,
     cancel: Any,
     free_axes: Any = False,
+    whole_mesh: Any = False,
     shard_parameters: Any = False,
 ) -> tuple[MeshSpec, Platform]:
     """`analyze`'s arguments checked where they enter, before the step is traced: the mesh
@@ -86,7 +87,12 @@ def checked_arguments(
             f"workers: expected None (every core) or an int >= 1 of compile threads, found "
             f"{type(workers).__name__} {workers!r}"
         )
-    switches = {"profile": profile, "free_axes": free_axes, "shard_parameters": shard_parameters}
+    switches = {
+        "profile": profile,
+        "free_axes": free_axes,
+        "whole_mesh": whole_mesh,
+        "shard_parameters": shard_parameters,
+    }
     for name, value in switches.items():
         if not isinstance(value, bool):
             raise InputError(

@@ -27,6 +27,10 @@ SHARD_PARAMETERS_HELP = (
     "also offer each batch-split block its ZeRO-3 twin (parameters and optimizer state kept "
     "sharded over the batch axes, gathered where used)"
 )
+WHOLE_MESH_HELP = (
+    "2-D: also offer each block its 1-D strategies over the flattened mesh (each dim split "
+    "over every device)"
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,12 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = sub.add_parser("plan", help="analyse a model zoo training step on a mesh")
     _add_model_arguments(plan)
     plan.add_argument("--mesh", default="4", help="mesh shape, e.g. 4 or 2x4")
-    plan.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
-    plan.add_argument(
-        "--shard-parameters",
-        action="store_true",
-        help=SHARD_PARAMETERS_HELP,
-    )
+    _add_space_arguments(plan)
     plan.add_argument("--platform", default="a100-pcie-8", help="preset name or JSON file")
     plan.add_argument("--backend", choices=["compiled", "measured"], default="compiled")
     plan.add_argument("--cache", default="~/.cache/explorer/profiles.sqlite")
@@ -66,12 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _add_model_arguments(profile)
     profile.add_argument("--mesh", required=True, help="mesh over every device, e.g. 2x4")
-    profile.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
-    profile.add_argument(
-        "--shard-parameters",
-        action="store_true",
-        help=SHARD_PARAMETERS_HELP,
-    )
+    _add_space_arguments(profile)
     profile.add_argument(
         "--platform",
         default="a100-pcie-8",
@@ -129,6 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --paper: also profile CFP's space with ZeRO twins (rows cfp_zero, "
         "cfp_zero_gpu); without it the report shows them where the cache holds that space",
     )
+    bench.add_argument(
+        "--whole-mesh",
+        action="store_true",
+        help="with --paper: also profile CFP's space with whole-mesh strategies on 2-D meshes "
+        "(rows cfp_whole, cfp_whole_gpu); without it the report shows them where the cache "
+        "holds that space",
+    )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
     bench.add_argument(
         "--cache",
@@ -164,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ExplorerError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def _add_space_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that widen CFP's configuration space (`analyze`'s switches)."""
+    parser.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
+    parser.add_argument("--whole-mesh", action="store_true", help=WHOLE_MESH_HELP)
+    parser.add_argument("--shard-parameters", action="store_true", help=SHARD_PARAMETERS_HELP)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -203,6 +211,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
         "config": repr(config),
         "mesh": str(mesh),
         "free axes": args.free_axes,
+        "whole mesh": args.whole_mesh,
         "shard parameters": args.shard_parameters,
         "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
         "only": list(only),
@@ -227,6 +236,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             only=only,
             backend=args.backend,
             free_axes=args.free_axes,
+            whole_mesh=args.whole_mesh,
             shard_parameters=args.shard_parameters,
             workers=args.workers or (1 if args.backend == "measured" else None),
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
@@ -271,6 +281,7 @@ def _plan(args: argparse.Namespace) -> int:
             *example,
             mesh=mesh,
             free_axes=args.free_axes,
+            whole_mesh=args.whole_mesh,
             shard_parameters=args.shard_parameters,
             platform=platform,
             backend=args.backend,
@@ -343,6 +354,7 @@ def _bench(args: argparse.Namespace) -> int:
     for flag, given in (
         ("--gpu-memory", args.gpu_memory),
         ("--shard-parameters", args.shard_parameters),
+        ("--whole-mesh", args.whole_mesh),
     ):
         if given and not args.paper:
             raise InputError(f"{flag} is for paper cases: expected it with --paper, found it alone")
@@ -358,7 +370,10 @@ def _bench(args: argparse.Namespace) -> int:
             readme=None if args.out else readme,
             cache=Path(args.cache).expanduser() if args.cache else None,
             gpu_memory="compile" if args.gpu_memory else "kept",
-            zero_twins="compile" if args.shard_parameters else "kept",
+            wider={
+                "cfp_zero": "compile" if args.shard_parameters else "kept",
+                "cfp_whole": "compile" if args.whole_mesh else "kept",
+            },
         )
         print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
         return 0

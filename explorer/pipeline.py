@@ -39,6 +39,7 @@ def analyze(
     cache: str | Path | None = ...,
     profile: Literal[True] = ...,
     free_axes: bool = ...,
+    whole_mesh: bool = ...,
     shard_parameters: bool = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
@@ -59,6 +60,7 @@ def analyze(
     cache: str | Path | None = ...,
     profile: bool,
     free_axes: bool = ...,
+    whole_mesh: bool = ...,
     shard_parameters: bool = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
@@ -78,6 +80,7 @@ def analyze(
     cache: str | Path | None = DEFAULT_CACHE,
     profile: bool = True,
     free_axes: bool = False,
+    whole_mesh: bool = False,
     shard_parameters: bool = False,
     arg_roles: ArgRoles | None = None,
     config_cap: int = DEFAULT_CONFIG_CAP,
@@ -89,6 +92,9 @@ def analyze(
     """Trace `step(*args)`, build ParallelBlocks and their strategies on `mesh`, segment the
     block sequence and (unless `profile=False`) profile every unique segment configuration and
     boundary with `backend` priced on `platform`. `cache=None` keeps nothing on disk.
+    On a 2-D mesh the batch is pinned to the outer axis (the paper's rule); `whole_mesh`
+    also offers every block its 1-D strategies over the flattened mesh (tensor parallelism
+    over all the devices, say), `free_axes` every axis-to-role assignment.
     `shard_parameters` offers every block that splits its batch a twin keeping its
     parameters (and their optimizer state) sharded over the batch axes between steps, as
     ZeRO-3/FSDP does: the solver then trades their gathers for memory block by block.
@@ -113,11 +119,18 @@ def analyze(
         only=only,
         cancel=cancel,
         free_axes=free_axes,
+        whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
     )
     graph = trace(step, *args, arg_roles=arg_roles)
     check_platform_peaks(graph, target)
-    blocks = step_space(graph, spec, free_axes=free_axes, shard_parameters=shard_parameters)
+    blocks = step_space(
+        graph,
+        spec,
+        free_axes=free_axes,
+        whole_mesh=whole_mesh,
+        shard_parameters=shard_parameters,
+    )
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
 

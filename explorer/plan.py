@@ -135,32 +135,33 @@ def _configure(
 
 
 def _space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
-    """The space a block plan came from, and its segments: the default one, the freed 2-D
-    one (`free_axes=True`), or either with ZeRO twins (`shard_parameters=True`). The first
-    that offers every strategy the plan names and cuts the step into as many segment
-    instances as the plan records: a larger space may cut a layer into parts, and the
-    boundaries placed must be those its programs were priced with. Else the first that
-    offers the names; else the default one (whose names the error then lists)."""
+    """The space a block plan came from, and its segments: the default one, the 2-D ones
+    widened by `whole_mesh=True` or freed by `free_axes=True`, or any of them with ZeRO
+    twins (`shard_parameters=True`). The first that offers every strategy the plan names
+    and cuts the step into as many segment instances as the plan records: a larger space
+    may cut a layer into parts, and the boundaries placed must be those its programs were
+    priced with. Else the first that offers the names; else the default one (whose names
+    the error then lists)."""
     mesh = plan.mesh
     blocks = build_blocks(graph, mesh.size)
     offering: tuple[BlockAnalysis, Segmentation] | None = None
     parameters = parameter_ids(graph)
-    for free_axes, stored in (
-        (False, frozenset[int]()),
-        (True, frozenset[int]()),
-        (False, parameters),
-        (True, parameters),
-    ):
-        analysis = build_space(blocks, mesh, free_axes=free_axes, stored_parameters=stored)
-        if len(analysis.blocks) != len(plan.strategies) or any(
-            name not in {s.name for s in block.strategies}
-            for block, name in zip(analysis.blocks, plan.strategies, strict=True)
-        ):
-            continue
-        segmentation = build_segments(graph, analysis)
-        if not plan.segments or len(segmentation.instances) == len(plan.segments):
-            return analysis, segmentation
-        offering = offering or (analysis, segmentation)
+    # (free_axes, whole_mesh); a 1-D mesh has one space: they change nothing there
+    widenings = ((False, False), (False, True), (True, False))[: 3 if len(mesh.axes) > 1 else 1]
+    for stored in (frozenset[int](), parameters):
+        for free_axes, whole_mesh in widenings:
+            analysis = build_space(
+                blocks, mesh, free_axes=free_axes, whole_mesh=whole_mesh, stored_parameters=stored
+            )
+            if len(analysis.blocks) != len(plan.strategies) or any(
+                name not in {s.name for s in block.strategies}
+                for block, name in zip(analysis.blocks, plan.strategies, strict=True)
+            ):
+                continue
+            segmentation = build_segments(graph, analysis)
+            if not plan.segments or len(segmentation.instances) == len(plan.segments):
+                return analysis, segmentation
+            offering = offering or (analysis, segmentation)
     if offering is not None:
         return offering
     analysis = build_space(blocks, mesh)

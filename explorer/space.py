@@ -5,8 +5,12 @@ divides by the mesh size. 2-D mesh: by default the batch role M is pinned to the
 (the paper's rule) and the inner axis takes any role (M again meaning M over both axes), so
 a dense block's space has the size of the 1-D one. The expert role E may also span both axes
 (expert parallelism over the whole mesh, GShard's layout): like M it splits with no partial
-sums, and without it a 2-D mesh could not hold the experts' 1-D plan. `free_axes=True`
-enumerates every axis-to-role assignment. With `stored_parameters` a block owning
+sums, and without it a 2-D mesh could not hold the experts' 1-D plan. `whole_mesh=True`
+also offers every other role split over the whole mesh: the 1-D strategies of the flattened
+mesh, so a 2-D plan can be what the same devices' 1-D plan would be (tensor parallelism over
+all of them, where the batch is too small to split that far) and mix it with the pinned
+strategies block by block. `free_axes=True` enumerates every axis-to-role assignment (the
+whole-mesh ones among them). With `stored_parameters` a block owning
 parameters also gets ZeRO-3 twins: each batch-splitting strategy once more, its parameters
 kept sharded over the batch axes between steps (`Strategy.stored`). A strategy that cannot
 apply is kept in `ParallelBlock.excluded` with the reason; a block left with none keeps only
@@ -26,6 +30,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
+from explorer import affine
 from explorer.blocks import build_blocks
 from explorer.errors import AnalysisError
 from explorer.ir import (
@@ -35,6 +40,7 @@ from explorer.ir import (
     DimRole,
     ExcludedStrategy,
     Graph,
+    OpNode,
     ParallelBlock,
     Role,
     Segmentation,
@@ -55,9 +61,11 @@ def build_space(
     mesh: MeshSpec,
     *,
     free_axes: bool = False,
+    whole_mesh: bool = False,
     stored_parameters: frozenset[int] = frozenset(),
 ) -> BlockAnalysis:
-    """The same blocks, each with its strategies (and excluded strategies) on `mesh`.
+    """The same blocks, each with its strategies (and excluded strategies) on `mesh`
+    (`free_axes`, `whole_mesh`: the 2-D spaces the module docstring describes).
 
     `stored_parameters` (value ids of the step's parameters; `parameter_ids`) adds the
     ZeRO-3 twins: a block owning one of them gets, beside each strategy that splits its
@@ -65,7 +73,7 @@ def build_space(
     (`Strategy.stored`), listed after every plain strategy."""
     blocks = []
     for block in analysis.blocks:
-        kept, excluded = block_strategies(block, mesh, free_axes=free_axes)
+        kept, excluded = block_strategies(block, mesh, free_axes=free_axes, whole_mesh=whole_mesh)
         if any(layout.value in stored_parameters for layout in block.layouts):
             kept = kept + stored_twins(kept)
         blocks.append(replace(block, strategies=kept, excluded=excluded))
@@ -73,13 +81,22 @@ def build_space(
 
 
 def step_space(
-    graph: Graph, mesh: MeshSpec, *, free_axes: bool = False, shard_parameters: bool = False
+    graph: Graph,
+    mesh: MeshSpec,
+    *,
+    free_axes: bool = False,
+    whole_mesh: bool = False,
+    shard_parameters: bool = False,
 ) -> BlockAnalysis:
     """The step's ParallelBlocks with their strategies on `mesh`: the space `analyze` and
     the cluster's profiler search (`shard_parameters`: with ZeRO twins)."""
     stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
     return build_space(
-        build_blocks(graph, mesh.size), mesh, free_axes=free_axes, stored_parameters=stored
+        build_blocks(graph, mesh.size),
+        mesh,
+        free_axes=free_axes,
+        whole_mesh=whole_mesh,
+        stored_parameters=stored,
     )
 
 
@@ -102,12 +119,12 @@ def stored_twins(strategies: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
 
 
 def block_strategies(
-    block: ParallelBlock, mesh: MeshSpec, *, free_axes: bool = False
+    block: ParallelBlock, mesh: MeshSpec, *, free_axes: bool = False, whole_mesh: bool = False
 ) -> tuple[tuple[Strategy, ...], tuple[ExcludedStrategy, ...]]:
     sizes = dict(block.role_sizes)
-    candidates = list(_candidates(block.roles, mesh, free_axes=free_axes))
+    candidates = _candidates(block.roles, mesh, free_axes=free_axes, whole_mesh=whole_mesh)
     if len(mesh.axes) > 1 and not free_axes and DimRole.M not in sizes:
-        candidates = list(_candidates(block.roles, mesh, free_axes=True))
+        candidates = _candidates(block.roles, mesh, free_axes=True, whole_mesh=False)
     kept: list[Strategy] = []
     excluded: list[ExcludedStrategy] = []
     for strategy in candidates:
@@ -128,7 +145,9 @@ def block_strategies(
     return tuple(kept), tuple(excluded)
 
 
-def _candidates(roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool) -> list[Strategy]:
+def _candidates(
+    roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool, whole_mesh: bool
+) -> list[Strategy]:
     names = mesh.names
     if len(names) == 1:
         return [Strategy(((role, names),)) for role in roles]
@@ -142,6 +161,9 @@ def _candidates(roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool) 
                 out.append(Strategy(((DimRole.M, (outer,)), (role, inner))))
             if role is DimRole.E:  # experts over the whole mesh, as the batch can be
                 out.append(Strategy(((DimRole.E, names),)))
+        if whole_mesh:  # after the paper's strategies: their indices stay the same
+            whole = (Strategy(((role, names),)) for role in roles)
+            out += [strategy for strategy in whole if strategy not in out]
         return out
     out = []
     for choice in itertools.product(roles, repeat=len(names)):
@@ -337,21 +359,42 @@ def _pin_optimizer_updates(
 # -- layouts at segment boundaries -----------------------------------------------------------
 
 
-def wanted_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, value: int) -> DimAxes:
+def wanted_layout(
+    graph: Graph,
+    block: ParallelBlock,
+    strategy: Strategy,
+    value: int,
+    mesh: MeshSpec,
+    *,
+    traced: bool = True,
+) -> DimAxes:
     """The layout `block` under `strategy` wants a tensor of `value`'s shape to arrive in.
 
     The head's operand layouts come first (the activation entering a layer), then the
-    block's own values of the same shape; a tensor the block has no use for stays replicated.
+    block's own values (`produced_layout`, which says what `traced` means).
     """
     shape = graph.values[value].type.shape
     for operand in block.operand_layouts:
         if graph.values[operand.layout.value].type.shape == shape:
             return dim_axes(graph, ValueLayout(value, operand.layout.dims), strategy)
-    return produced_layout(graph, block, strategy, value)
+    return produced_layout(graph, block, strategy, value, mesh, traced=traced)
 
 
-def produced_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, value: int) -> DimAxes:
-    """The layout `block` under `strategy` leaves a value in (by shape when not its own)."""
+def produced_layout(
+    graph: Graph,
+    block: ParallelBlock,
+    strategy: Strategy,
+    value: int,
+    mesh: MeshSpec,
+    *,
+    traced: bool = True,
+) -> DimAxes:
+    """The layout `block` under `strategy` leaves a value in: its own layout, else that of
+    the block's value of the same shape (its last results first). A value of no such shape
+    is `traced` to the block's values through the ops between them that carry its split
+    exactly (a reshape merging the heads, a transpose, a type conversion: `_traced_layout`),
+    as the placement lays those ops out; else (or with `traced=False`, the rule before
+    tracing, which the profile cache keys tell apart) it is replicated."""
     own = block.layout_of(value)
     if own is not None:
         return dim_axes(graph, own, strategy)
@@ -359,7 +402,85 @@ def produced_layout(graph: Graph, block: ParallelBlock, strategy: Strategy, valu
     for layout in reversed(block.layouts):  # the block's last results first: its outputs
         if graph.values[layout.value].type.shape == shape:
             return dim_axes(graph, ValueLayout(value, layout.dims), strategy)
+    if traced:
+        found = _traced_layout(
+            graph, block, strategy, value, mesh, seen=frozenset({value}), depth=0
+        )
+        if found is not None:
+            return found
     return ((),) * len(shape)
+
+
+# How many ops apart a boundary value and the block's own value may be for `_traced_layout`.
+TRACE_DEPTH = 3
+
+
+def _traced_layout(
+    graph: Graph,
+    block: ParallelBlock,
+    strategy: Strategy,
+    value: int,
+    mesh: MeshSpec,
+    *,
+    seen: frozenset[int],
+    depth: int,
+) -> DimAxes | None:
+    """`value`'s layout where a chain of single-operand ops links it to a value `block` owns
+    and each carries the split exactly (`AffineMap.split_target` forward, `split_source`
+    backward): through the op that made it (a reshape after the block) or the op that reads
+    it (the reshape of a cotangent before the block). None where no such chain is found."""
+    own = block.layout_of(value)
+    if own is not None:
+        return dim_axes(graph, own, strategy)
+    if depth == TRACE_DEPTH:
+        return None
+    rank = graph.values[value].type.rank
+    producer = graph.producer(value)
+    links: list[tuple[OpNode, int, int, bool]] = []  # (op, position, other value, forward)
+    if producer is not None and (position := _single_operand(graph, producer)) is not None:
+        links.append((producer, position, producer.inputs[position], True))
+    for op_id in graph.users(value):
+        op = graph.ops[op_id]
+        position = _single_operand(graph, op)
+        if position is not None and op.inputs[position] == value and len(op.outputs) == 1:
+            links.append((op, position, op.outputs[0], False))
+    for op, position, other, forward in links:
+        if other in seen:
+            continue
+        found = _traced_layout(
+            graph, block, strategy, other, mesh, seen=seen | {other}, depth=depth + 1
+        )
+        maps = affine.traced_op_maps(op) if found is not None else None
+        op_map = maps[position] if maps is not None else None
+        if found is None or op_map is None:
+            continue
+        moved = _carried(found, op_map, rank, mesh, forward=forward)
+        if moved is not None:
+            return moved
+    return None
+
+
+def _single_operand(graph: Graph, op: OpNode) -> int | None:
+    """The position of `op`'s one array operand, where every other operand is a scalar."""
+    arrays = [i for i, vid in enumerate(op.inputs) if graph.values[vid].type.rank > 0]
+    return arrays[0] if len(arrays) == 1 and len(op.outputs) == 1 else None
+
+
+def _carried(
+    layout: DimAxes, op_map: affine.AffineMap, rank: int, mesh: MeshSpec, *, forward: bool
+) -> DimAxes | None:
+    """`layout` moved through one op: from its operand to its result (`forward`) or back;
+    None where some split does not carry exactly."""
+    dims: list[tuple[str, ...]] = [()] * rank
+    for dim, axes in enumerate(layout):
+        if not axes:
+            continue
+        parts = mesh.axes_size(axes)
+        target = op_map.split_target(dim, parts) if forward else op_map.split_source(dim, parts)
+        if target is None:
+            return None
+        dims[target] = dims[target] + axes
+    return tuple(dims)
 
 
 def segment_input_layouts(
@@ -368,6 +489,9 @@ def segment_input_layouts(
     segmentation: Segmentation,
     index: int,
     choices: tuple[int, ...],
+    *,
+    mesh: MeshSpec,
+    traced: bool = True,
 ) -> dict[int, DimAxes]:
     """Boundary layouts of instance `index` under `choices` (one per block of the instance).
 
@@ -388,12 +512,16 @@ def segment_input_layouts(
     if index > 0:
         crossing = set(segmentation.boundaries[index - 1].forward)
         moves = boundary_moves(
-            graph, blocks, segmentation, index - 1, last_choice=0, first_choice=first
-        )
+            graph, blocks, segmentation, index - 1, mesh, last_choice=0, first_choice=first,
+            traced=traced,
+        )  # fmt: skip
         layouts.update((v, wanted) for v, _, wanted in moves if v in crossing)
     if index < len(segmentation.boundaries):
         crossing = set(segmentation.boundaries[index].backward)
-        moves = boundary_moves(graph, blocks, segmentation, index, last_choice=last, first_choice=0)
+        moves = boundary_moves(
+            graph, blocks, segmentation, index, mesh, last_choice=last, first_choice=0,
+            traced=traced,
+        )  # fmt: skip
         layouts.update((v, wanted) for v, _, wanted in moves if v in crossing)
     return layouts
 
@@ -403,14 +531,17 @@ def boundary_moves(
     blocks: tuple[ParallelBlock, ...],
     segmentation: Segmentation,
     boundary: int,
+    mesh: MeshSpec,
     *,
     last_choice: int,
     first_choice: int,
+    traced: bool = True,
 ) -> tuple[tuple[int, DimAxes, DimAxes], ...]:
     """What crosses boundary `boundary`, as (value, from layout, to layout), both directions.
 
     Forward: the previous instance's last block produced the activation; the next instance's
-    first block wants it. Backward: the cotangent goes the opposite way.
+    first block wants it. Backward: the cotangent goes the opposite way. (`traced`: see
+    `produced_layout`.)
     """
     crossing = segmentation.boundaries[boundary]
     before = segmentation.instances[boundary]
@@ -423,17 +554,45 @@ def boundary_moves(
         if not before.blocks:
             return replicated_for(vid)
         block = blocks[before.blocks[-1]]
-        return produced_layout(graph, block, block.strategies[last_choice], vid)
+        strategy = block.strategies[last_choice]
+        return produced_layout(graph, block, strategy, vid, mesh, traced=traced)
 
     def wanted(vid: int) -> DimAxes:
         if not after.blocks:
             return replicated_for(vid)
         block = blocks[after.blocks[0]]
-        return wanted_layout(graph, block, block.strategies[first_choice], vid)
+        strategy = block.strategies[first_choice]
+        return wanted_layout(graph, block, strategy, vid, mesh, traced=traced)
 
     forward = tuple((v, produced(v), wanted(v)) for v in crossing.forward)
     backward = tuple((v, wanted(v), produced(v)) for v in crossing.backward)
     return forward + backward
+
+
+def tracing_changes(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    segmentation: Segmentation,
+    boundary: int,
+    mesh: MeshSpec,
+) -> bool:
+    """Whether, for some pair of strategies, tracing (`produced_layout`) lays out a value
+    crossing `boundary` otherwise than the rule before it did."""
+    before = segmentation.instances[boundary]
+    after = segmentation.instances[boundary + 1]
+    lasts = range(len(blocks[before.blocks[-1]].strategies)) if before.blocks else [0]
+    firsts = range(len(blocks[after.blocks[0]].strategies)) if after.blocks else [0]
+    for last, first in itertools.product(lasts, firsts):
+        traced, untraced = (
+            boundary_moves(
+                graph, blocks, segmentation, boundary, mesh,
+                last_choice=last, first_choice=first, traced=rule,
+            )
+            for rule in (True, False)
+        )  # fmt: skip
+        if traced != untraced:
+            return True
+    return False
 
 
 # What a resharding program moves, whichever boundary it serves: (dtype, shape, from, to) of
@@ -484,7 +643,7 @@ def pair_boundaries(segmentation: Segmentation) -> dict[tuple[int, int], int]:
 
 
 def reshard_signatures(
-    graph: Graph, blocks: tuple[ParallelBlock, ...], segmentation: Segmentation
+    graph: Graph, blocks: tuple[ParallelBlock, ...], segmentation: Segmentation, mesh: MeshSpec
 ) -> dict[tuple[int, int], dict[tuple[int, int], ReshardSignature]]:
     """Per pair of consecutive types (before, after), per strategy pair (last block of the
     one, first block of the other), what resharding between them moves, read at the pair's
@@ -499,7 +658,13 @@ def reshard_signatures(
             (last, first): reshard_signature(
                 graph,
                 boundary_moves(
-                    graph, blocks, segmentation, boundary, last_choice=last, first_choice=first
+                    graph,
+                    blocks,
+                    segmentation,
+                    boundary,
+                    mesh,
+                    last_choice=last,
+                    first_choice=first,
                 ),
             )
             for last, first in itertools.product(lasts, firsts)

@@ -253,7 +253,7 @@ def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFix
 
     assert main(["bench", "--only", "llama"]) == 2
     assert "--only selects paper cases: expected it with --paper" in capsys.readouterr().err
-    for flag in ("--gpu-memory", "--shard-parameters"):
+    for flag in ("--gpu-memory", "--shard-parameters", "--whole-mesh"):
         assert main(["bench", flag]) == 2
         assert f"{flag} is for paper cases: expected it with --paper" in capsys.readouterr().err
 

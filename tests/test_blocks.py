@@ -104,6 +104,38 @@ def test_two_d_mesh_pins_batch_to_the_outer_axis_by_default() -> None:
     assert len(free.blocks[0].strategies) == 9
 
 
+def test_the_whole_mesh_space_adds_the_flattened_mesh_strategies_after_the_paper_s() -> None:
+    # whole_mesh: each block also splits any dim over every device (the 1-D strategies of
+    # the flattened mesh), listed after the pinned ones so their indices stay; the experts'
+    # E@x+y, already offered, is not offered twice; on a 1-D mesh nothing changes
+    for model in ("gpt", "moe"):
+        graph, _ = analysed(model, (4,))
+        spec = mesh_spec((2, 2))
+        blocks = build_blocks(graph, spec.size)
+        pinned = build_space(blocks, spec)
+        whole = build_space(blocks, spec, whole_mesh=True)
+        for before, after in zip(pinned.blocks, whole.blocks, strict=True):
+            names = [s.name for s in after.strategies]
+            assert names[: len(before.strategies)] == [s.name for s in before.strategies]
+            added = names[len(before.strategies) :]
+            assert len(set(names)) == len(names)
+            if DimRole.M not in before.roles:
+                assert not added  # such a block's space is already every assignment
+                continue
+            sizes = dict(before.role_sizes)
+            assert sorted(added) == sorted(
+                f"{role.value}@x+y"
+                for role in before.roles
+                if role not in (DimRole.M, DimRole.E) and sizes[role] % spec.size == 0
+            ), names
+        assert {"N@x+y", "K@x+y"} <= {s.name for s in whole.blocks[0].strategies}
+        flat = mesh_spec((4,))
+        one_d = build_space(build_blocks(graph, 4), flat)
+        assert build_space(build_blocks(graph, 4), flat, whole_mesh=True) == one_d
+    free = build_space(blocks, spec, free_axes=True)
+    assert build_space(blocks, spec, free_axes=True, whole_mesh=True) == free
+
+
 def test_two_d_mesh_offers_the_experts_over_both_axes() -> None:
     # the 1-D expert plan (E over every device) stays reachable on a 2-D mesh; dense
     # blocks keep the pinned space of three

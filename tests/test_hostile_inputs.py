@@ -262,6 +262,7 @@ ROWS: tuple[Row, ...] = (
     Row("cache=3", lambda w: w.analyze(cache=3), InputError, "cache", True),
     Row("profile='yes'", lambda w: w.analyze(profile="yes"), InputError, "profile", True),
     Row("free_axes=1", lambda w: w.analyze(free_axes=1), InputError, "free_axes", True),
+    Row("whole_mesh=None", lambda w: w.analyze(whole_mesh=None), InputError, "whole_mesh", True),
     Row(
         "shard_parameters='yes'",
         lambda w: w.analyze(shard_parameters="yes"),

@@ -268,6 +268,42 @@ def test_a_plan_of_the_zero_twin_space_is_placed_with_that_space_s_segments() ->
 
 
 @pytest.mark.slow
+def test_a_whole_mesh_plan_on_2x2_runs_as_the_four_device_plan_and_applies(
+    tmp_path: Path,
+) -> None:
+    """The whole-mesh space (`whole_mesh=True`) holds the 1-D plan of the same devices: the
+    leanest plan on a mesh of 4, each strategy split over both axes of 2x2, compiles to a
+    step within 2 % of its time (the same collectives but one all-reduce's combining; small
+    ops laid out for two axes), is predicted within 5 % of it, round-trips JSON and applies
+    (its space and segments rebuilt from the names) computing the unsharded step's numbers.
+    Profiling is restricted to that plan's configurations."""
+    step, warm, flat, expected = _setup()
+    one_d = flat.plan(memory_budget=flat.frontier.min_memory)
+    assert {name.split("@")[0] for name in one_d.strategies} - {"M"}  # not only the batch
+    names = [name.replace("@x", "@x+y") for name in one_d.strategies]
+    shape = ex.analyze(step, *warm, mesh=(2, 2), whole_mesh=True, profile=False)
+    wanted = {",".join(names[b] for b in i.blocks) or "-" for i in shape.segments.instances}
+
+    def pinned(kind: str, label: str, config: str) -> bool:
+        if kind == "reshard":
+            return set(config.split("->")) <= {*names, "none"}
+        return config in wanted
+
+    analysis = ex.analyze(
+        step, *warm, mesh=(2, 2), whole_mesh=True, cache=SHARED_CACHE, progress=False,
+        only=pinned,
+    )  # fmt: skip
+    plan = analysis.plan(pins=dict(enumerate(names)))
+    assert list(plan.strategies) == names
+    truth, truth_1d = ex.evaluate(plan, step, *warm), ex.evaluate(one_d, step, *warm)
+    assert truth.time == pytest.approx(truth_1d.time, rel=0.02)
+    assert plan.time == pytest.approx(truth.time, rel=0.05)
+    loaded = ex.load_plan(plan.save(tmp_path / "whole.json"))
+    assert loaded.strategies == plan.strategies
+    assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*warm), RTOL, ATOL)
+
+
+@pytest.mark.slow
 def test_a_baseline_the_profiles_left_out_is_priced_on_the_whole_step() -> None:
     step, args, _, _ = _setup()
 

@@ -34,6 +34,8 @@ from explorer.space import (
     reshard_signatures,
     segment_input_layouts,
     shardings,
+    step_space,
+    tracing_changes,
 )
 
 
@@ -82,7 +84,7 @@ def test_boundaries_that_move_the_same_tensors_share_one_resharding_program() ->
     between layers a third appears and 3 of the 9 pairs move nothing; the head's boundary
     moves exactly what a layer's does."""
     graph, analysis, segmentation = _segmented("gpt", 8)
-    reshards = reshard_signatures(graph, analysis.blocks, segmentation)
+    reshards = reshard_signatures(graph, analysis.blocks, segmentation, mesh_spec((4,)))
     count = program_count(segmentation, analysis, reshards=reshards)
     assert count.segment_programs == 85 and count.reshard_programs == 3
     assert count.per_pair == ((0, 1, 2), (1, 1, 1), (1, 2, 0))
@@ -121,7 +123,7 @@ def test_moe_program_count_does_not_grow_with_depth(mesh: tuple[int, ...]) -> No
     for layers in (2, 4, 8, 16):
         graph, analysis, segmentation = _segmented("moe", layers, mesh)
         depends = instance_dependencies(graph, analysis, segmentation, mesh_spec(mesh))
-        reshards = reshard_signatures(graph, analysis.blocks, segmentation)
+        reshards = reshard_signatures(graph, analysis.blocks, segmentation, mesh_spec(mesh))
         counts[layers] = program_count(segmentation, analysis, depends, reshards).total
     print(counts)
     # 2 layers (one dense, one MoE) lack the MoE-to-dense boundary, whose reshardings move
@@ -300,6 +302,7 @@ def test_resharding_between_layers_costs_only_when_layouts_differ() -> None:
             analysis.blocks,
             segmentation,
             1,
+            spec,
             last_choice=index(last, before),
             first_choice=index(first, after),
         )
@@ -324,7 +327,7 @@ def test_a_scalar_broadcast_crossing_a_boundary_moves_for_free() -> None:
         for last in range(len(before.strategies)):
             for first in range(len(after.strategies)):
                 moves = boundary_moves(
-                    graph, analysis.blocks, segmentation, boundary,
+                    graph, analysis.blocks, segmentation, boundary, mesh_spec((4,)),
                     last_choice=last, first_choice=first,
                 )  # fmt: skip
                 kept = {v for v, _, _ in changed_moves(graph, moves)}
@@ -349,7 +352,7 @@ def test_a_layer_segment_compiles_from_abstract_shapes_with_its_boundary_layouts
     instance = segmentation.instances[1]
     choices = (0, 0, 0, 0)  # every block batch-split
     config = Config(tuple(0 for _ in analysis.blocks))
-    layouts = segment_input_layouts(graph, analysis.blocks, segmentation, 1, choices)
+    layouts = segment_input_layouts(graph, analysis.blocks, segmentation, 1, choices, mesh=spec)
     assert layouts and all(dims[0] == ("x",) for dims in layouts.values())
     program = segment_program(
         graph,
@@ -390,7 +393,7 @@ def test_a_segment_reads_its_cotangent_only_after_sending_its_activation(dtype: 
         instance.ops,
         shardings(graph, blocks, config, spec),
         make_mesh(spec),
-        segment_input_layouts(graph, blocks, segmentation, index, choices),
+        segment_input_layouts(graph, blocks, segmentation, index, choices, mesh=spec),
         after=(crossing.backward, crossing.forward),
     )
     collectives = parse_collectives(program.lower().compile().as_text(), spec)
@@ -433,3 +436,49 @@ def test_a_type_whose_instances_depend_on_other_blocks_is_split_before_profiling
         plain = ex.analyze(built.step, *built.args, mesh=mesh, free_axes=free, profile=False)
         assert not any("split in" in note for note in plain.segments.notes)
         assert all("(2)" not in u.label for u in plain.segments.unique)
+
+
+def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> None:
+    """LLaMA-7B on 4x2 with whole-mesh strategies cuts a layer between the attention core
+    and its output projection: what crosses is the heads merged by a reshape after the core,
+    which no block owns and no block value shares a shape with. It once crossed replicated
+    (gathered at the end of one segment, split again at the start of the next); traced
+    through the reshape to the core's split heads it crosses as it is, both ways. The layer
+    boundaries, where the rule before tracing already had a layout, are left alone (their
+    profiles stay valid), as is every boundary of the paper's space."""
+    model = ex.models.build("llama", "llama_7b_bf16", layers=2, batch=2, abstract=True)
+    spec = mesh_spec((4, 2))
+    graph = ex.trace(model.step, *model.args)
+    space = step_space(graph, spec, whole_mesh=True)
+    blocks, segmentation = space.blocks, build_segments(graph, space)
+    cut = next(
+        b
+        for b, boundary in enumerate(segmentation.boundaries)
+        if segmentation.instances[b].label.endswith("part 1")
+        and graph.producer(boundary.forward[0]).primitive == "reshape"
+    )
+    core = blocks[segmentation.instances[cut].blocks[-1]]
+    projection = blocks[segmentation.instances[cut + 1].blocks[0]]
+    index = lambda block, name: [s.name for s in block.strategies].index(name)  # noqa: E731
+    pair = {"last_choice": index(core, "E@x+y"), "first_choice": index(projection, "K@x+y")}
+    now = boundary_moves(graph, blocks, segmentation, cut, spec, **pair)
+    before = boundary_moves(graph, blocks, segmentation, cut, spec, **pair, traced=False)
+    heads = segmentation.boundaries[cut].forward[0]
+    merged = {v: (produced, wanted) for v, produced, wanted in now}[heads]
+    assert merged == (((), (), ("x", "y")),) * 2  # split on the merged heads, unmoved
+    assert {v: produced for v, produced, _ in before}[heads] == ((), (), ())
+    assert len(changed_moves(graph, now)) < len(changed_moves(graph, before))
+    assert tracing_changes(graph, blocks, segmentation, cut, spec)
+    layer_ends = [
+        b
+        for b in range(len(segmentation.boundaries))
+        if segmentation.instances[b + 1].label.endswith("part 1")
+    ]
+    assert layer_ends and not any(
+        tracing_changes(graph, blocks, segmentation, b, spec) for b in layer_ends
+    )
+    paper = step_space(graph, spec)
+    plain = build_segments(graph, paper)
+    assert not any(
+        tracing_changes(graph, paper.blocks, plain, b, spec) for b in range(len(plain.boundaries))
+    )

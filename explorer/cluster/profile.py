@@ -213,6 +213,7 @@ def profile_on_cluster(
     only: Sequence[str] = (),
     backend: str = BACKEND,
     free_axes: bool = False,
+    whole_mesh: bool = False,
     shard_parameters: bool = False,
     config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = 1,
@@ -226,10 +227,10 @@ def profile_on_cluster(
     Every process of the cluster must call this with the same arguments (`join` checked the
     software; the request is the caller's to check, as the command line does). Process 0
     writes the rows to `cache`; `only` restricts the run to some segment types, boundaries
-    or configurations (see `selection`); `free_axes` and `shard_parameters` build the space
-    as `analyze` does. `on_program(record)` is called after each program (measured: once
-    every process has finished it), a progress beat. `workers` is the compiling threads of
-    each process (compiled on one CPU process: worker processes).
+    or configurations (see `selection`); `free_axes`, `whole_mesh` and `shard_parameters`
+    build the space as `analyze` does. `on_program(record)` is called after each program
+    (measured: once every process has finished it), a progress beat. `workers` is the
+    compiling threads of each process (compiled on one CPU process: worker processes).
     """
     import jax
 
@@ -263,7 +264,13 @@ def profile_on_cluster(
             "such as one written by `python -m explorer calibrate` on this cluster"
         )
     graph = trace(step, *args)
-    analysis = step_space(graph, spec, free_axes=free_axes, shard_parameters=shard_parameters)
+    analysis = step_space(
+        graph,
+        spec,
+        free_axes=free_axes,
+        whole_mesh=whole_mesh,
+        shard_parameters=shard_parameters,
+    )
     segmentation = build_segments(graph, analysis, cap=config_cap)
     keep = selection(only, analysis, segmentation)
     file = ProfileCache(cache) if cluster.leader and cache is not None else None

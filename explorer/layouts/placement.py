@@ -178,6 +178,7 @@ class _Walk:
                 self.blocks,
                 segmentation,
                 before,
+                self.mesh,
                 last_choice=config.choices[last] if last is not None else 0,
                 first_choice=config.choices[first] if first is not None else 0,
             )

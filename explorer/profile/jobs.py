@@ -36,6 +36,7 @@ from explorer.space import (
     pair_boundaries,
     reshard_signatures,
     segment_input_layouts,
+    tracing_changes,
 )
 
 # Bump when the way programs are built changes (what is constrained, where), or what their
@@ -56,6 +57,11 @@ PROGRAM_VERSION = "scattered-19"
 # leader-19: an op outside blocks follows the operand split over the most devices, so a 2-D
 # weight-gradient dot follows the saved activation (split on both axes), not the cotangent.
 MULTI_AXIS_VERSION = "leader-19"
+# Marks the key of a type whose boundary values tracing lays out anew (`_traced_boundaries`):
+# a value crossing a boundary that neither block owns, nor has the shape of one of theirs,
+# was replicated there (gathered, then split again) and now follows its block through a
+# reshape or the like. Only those programs changed, so only their keys do.
+TRACED_BOUNDARIES = "traced-20"
 
 
 def program_version(mesh: MeshSpec) -> str:
@@ -140,6 +146,8 @@ class _Context:
                 itertools.product(*(range(len(blocks[b].strategies)) for b in depends))
             )
             program_hash = f"{_ops_digest(self.graph, instance.ops)}:{program_version(self.mesh)}"
+            if self._traced_boundaries(instance.index):
+                program_hash += f":{TRACED_BOUNDARIES}"
             for choices, context in itertools.product(space, contexts):
                 names = configuration_name(
                     blocks, instance.blocks, tuple(choices), depends, context
@@ -154,6 +162,16 @@ class _Context:
                     build=self._segment_builder(instance.index, tuple(choices), context),
                     context=context,
                 )
+
+    def _traced_boundaries(self, index: int) -> bool:
+        """Whether tracing lays out a value crossing either boundary of instance `index`
+        otherwise than the rule before it (`space.tracing_changes`): such a type's programs
+        differ from those profiled before tracing, under keys that would be the same."""
+        return any(
+            tracing_changes(self.graph, self.analysis.blocks, self.segmentation, b, self.mesh)
+            for b in (index - 1, index)
+            if 0 <= b < len(self.segmentation.boundaries)
+        )
 
     def _segment_builder(
         self, index: int, choices: tuple[int, ...], context: tuple[int, ...]
@@ -171,7 +189,7 @@ class _Context:
                 self.graph, self.analysis.blocks, config, self.mesh, self.segmentation
             ).assignment
             layouts = segment_input_layouts(
-                self.graph, self.analysis.blocks, self.segmentation, index, choices
+                self.graph, self.analysis.blocks, self.segmentation, index, choices, mesh=self.mesh
             )
             crossing = self.segmentation.boundaries
             after = (
@@ -205,7 +223,7 @@ class _Context:
         blocks = self.analysis.blocks
         instances, unique = self.segmentation.instances, self.segmentation.unique
         first_boundary = pair_boundaries(self.segmentation)
-        signatures = reshard_signatures(self.graph, blocks, self.segmentation)
+        signatures = reshard_signatures(self.graph, blocks, self.segmentation, self.mesh)
         for pair, table in signatures.items():
             boundary = first_boundary[pair]
             before, after = instances[boundary], instances[boundary + 1]
@@ -236,6 +254,7 @@ class _Context:
                 self.analysis.blocks,
                 self.segmentation,
                 boundary,
+                self.mesh,
                 last_choice=last,
                 first_choice=first,
             )
