@@ -364,20 +364,18 @@ def wanted_layout(
     block: ParallelBlock,
     strategy: Strategy,
     value: int,
-    mesh: MeshSpec,
-    *,
-    traced: bool = True,
+    mesh: MeshSpec | None,
 ) -> DimAxes:
     """The layout `block` under `strategy` wants a tensor of `value`'s shape to arrive in.
 
     The head's operand layouts come first (the activation entering a layer), then the
-    block's own values (`produced_layout`, which says what `traced` means).
+    block's own values (`produced_layout`, which says what `mesh` is for).
     """
     shape = graph.values[value].type.shape
     for operand in block.operand_layouts:
         if graph.values[operand.layout.value].type.shape == shape:
             return dim_axes(graph, ValueLayout(value, operand.layout.dims), strategy)
-    return produced_layout(graph, block, strategy, value, mesh, traced=traced)
+    return produced_layout(graph, block, strategy, value, mesh)
 
 
 def produced_layout(
@@ -385,16 +383,15 @@ def produced_layout(
     block: ParallelBlock,
     strategy: Strategy,
     value: int,
-    mesh: MeshSpec,
-    *,
-    traced: bool = True,
+    mesh: MeshSpec | None,
 ) -> DimAxes:
     """The layout `block` under `strategy` leaves a value in: its own layout, else that of
     the block's value of the same shape (its last results first). A value of no such shape
     is `traced` to the block's values through the ops between them that carry its split
-    exactly (a reshape merging the heads, a transpose, a type conversion: `_traced_layout`),
-    as the placement lays those ops out; else (or with `traced=False`, the rule before
-    tracing, which the profile cache keys tell apart) it is replicated."""
+    exactly (a reshape merging the heads, a transpose, a type conversion: `_traced_layout`,
+    which needs `mesh`'s axis sizes), as the placement lays those ops out; else it is
+    replicated. `mesh=None` keeps the rule before tracing (`tracing_changes` compares the
+    two; `alpa.symbolic` still prices with it: no boundary of the paper's space differs)."""
     own = block.layout_of(value)
     if own is not None:
         return dim_axes(graph, own, strategy)
@@ -402,7 +399,7 @@ def produced_layout(
     for layout in reversed(block.layouts):  # the block's last results first: its outputs
         if graph.values[layout.value].type.shape == shape:
             return dim_axes(graph, ValueLayout(value, layout.dims), strategy)
-    if traced:
+    if mesh is not None:
         found = _traced_layout(
             graph, block, strategy, value, mesh, seen=frozenset({value}), depth=0
         )
@@ -490,8 +487,7 @@ def segment_input_layouts(
     index: int,
     choices: tuple[int, ...],
     *,
-    mesh: MeshSpec,
-    traced: bool = True,
+    mesh: MeshSpec | None = None,
 ) -> dict[int, DimAxes]:
     """Boundary layouts of instance `index` under `choices` (one per block of the instance).
 
@@ -512,16 +508,14 @@ def segment_input_layouts(
     if index > 0:
         crossing = set(segmentation.boundaries[index - 1].forward)
         moves = boundary_moves(
-            graph, blocks, segmentation, index - 1, mesh, last_choice=0, first_choice=first,
-            traced=traced,
-        )  # fmt: skip
+            graph, blocks, segmentation, index - 1, mesh, last_choice=0, first_choice=first
+        )
         layouts.update((v, wanted) for v, _, wanted in moves if v in crossing)
     if index < len(segmentation.boundaries):
         crossing = set(segmentation.boundaries[index].backward)
         moves = boundary_moves(
-            graph, blocks, segmentation, index, mesh, last_choice=last, first_choice=0,
-            traced=traced,
-        )  # fmt: skip
+            graph, blocks, segmentation, index, mesh, last_choice=last, first_choice=0
+        )
         layouts.update((v, wanted) for v, _, wanted in moves if v in crossing)
     return layouts
 
@@ -531,16 +525,15 @@ def boundary_moves(
     blocks: tuple[ParallelBlock, ...],
     segmentation: Segmentation,
     boundary: int,
-    mesh: MeshSpec,
+    mesh: MeshSpec | None,
     *,
     last_choice: int,
     first_choice: int,
-    traced: bool = True,
 ) -> tuple[tuple[int, DimAxes, DimAxes], ...]:
     """What crosses boundary `boundary`, as (value, from layout, to layout), both directions.
 
     Forward: the previous instance's last block produced the activation; the next instance's
-    first block wants it. Backward: the cotangent goes the opposite way. (`traced`: see
+    first block wants it. Backward: the cotangent goes the opposite way. (`mesh`: see
     `produced_layout`.)
     """
     crossing = segmentation.boundaries[boundary]
@@ -555,14 +548,14 @@ def boundary_moves(
             return replicated_for(vid)
         block = blocks[before.blocks[-1]]
         strategy = block.strategies[last_choice]
-        return produced_layout(graph, block, strategy, vid, mesh, traced=traced)
+        return produced_layout(graph, block, strategy, vid, mesh)
 
     def wanted(vid: int) -> DimAxes:
         if not after.blocks:
             return replicated_for(vid)
         block = blocks[after.blocks[0]]
         strategy = block.strategies[first_choice]
-        return wanted_layout(graph, block, strategy, vid, mesh, traced=traced)
+        return wanted_layout(graph, block, strategy, vid, mesh)
 
     forward = tuple((v, produced(v), wanted(v)) for v in crossing.forward)
     backward = tuple((v, wanted(v), produced(v)) for v in crossing.backward)
@@ -585,10 +578,10 @@ def tracing_changes(
     for last, first in itertools.product(lasts, firsts):
         traced, untraced = (
             boundary_moves(
-                graph, blocks, segmentation, boundary, mesh,
-                last_choice=last, first_choice=first, traced=rule,
+                graph, blocks, segmentation, boundary, rule,
+                last_choice=last, first_choice=first,
             )
-            for rule in (True, False)
+            for rule in (mesh, None)
         )  # fmt: skip
         if traced != untraced:
             return True

@@ -462,7 +462,7 @@ def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> 
     index = lambda block, name: [s.name for s in block.strategies].index(name)  # noqa: E731
     pair = {"last_choice": index(core, "E@x+y"), "first_choice": index(projection, "K@x+y")}
     now = boundary_moves(graph, blocks, segmentation, cut, spec, **pair)
-    before = boundary_moves(graph, blocks, segmentation, cut, spec, **pair, traced=False)
+    before = boundary_moves(graph, blocks, segmentation, cut, None, **pair)  # before tracing
     heads = segmentation.boundaries[cut].forward[0]
     merged = {v: (produced, wanted) for v, produced, wanted in now}[heads]
     assert merged == (((), (), ("x", "y")),) * 2  # split on the merged heads, unmoved

@@ -60,7 +60,7 @@ def symbolic_config_costs(analysis: Any) -> pd.DataFrame:
             config = twin_config(twins, (*instance.blocks, *depends), (*choices, *context))
             assignment = shardings(graph, blocks, config, mesh)
             boundary = segment_input_layouts(
-                graph, blocks, segmentation, instance.index, tuple(choices), mesh=mesh
+                graph, blocks, segmentation, instance.index, tuple(choices)
             )
             values = dict(assignment.values)
             arriving: dict[int, DimAxes] = {}
