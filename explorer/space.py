@@ -387,7 +387,7 @@ def produced_layout(
 ) -> DimAxes:
     """The layout `block` under `strategy` leaves a value in: its own layout, else that of
     the block's value of the same shape (its last results first). A value of no such shape
-    is `traced` to the block's values through the ops between them that carry its split
+    is traced to the block's values through the ops between them that carry its split
     exactly (a reshape merging the heads, a transpose, a type conversion: `_traced_layout`,
     which needs `mesh`'s axis sizes), as the placement lays those ops out; else it is
     replicated. `mesh=None` keeps the rule before tracing (`tracing_changes` compares the
@@ -439,7 +439,7 @@ def _traced_layout(
     for op_id in graph.users(value):
         op = graph.ops[op_id]
         position = _single_operand(graph, op)
-        if position is not None and op.inputs[position] == value and len(op.outputs) == 1:
+        if position is not None and op.inputs[position] == value:
             links.append((op, position, op.outputs[0], False))
     for op, position, other, forward in links:
         if other in seen:
