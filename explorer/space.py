@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from explorer import affine
@@ -442,14 +442,14 @@ def _traced_layout(
         if position is not None and op.inputs[position] == value:
             links.append((op, position, op.outputs[0], False))
     for op, position, other, forward in links:
-        if other in seen:
-            continue
+        maps = affine.traced_op_maps(op) if other not in seen else None
+        op_map = maps[position] if maps is not None else None
+        if op_map is None:
+            continue  # seen already, or an op the affine analysis does not know
         found = _traced_layout(
             graph, block, strategy, other, mesh, seen=seen | {other}, depth=depth + 1
         )
-        maps = affine.traced_op_maps(op) if found is not None else None
-        op_map = maps[position] if maps is not None else None
-        if found is None or op_map is None:
+        if found is None:
             continue
         moved = _carried(found, op_map, rank, mesh, forward=forward)
         if moved is not None:
@@ -571,21 +571,28 @@ def tracing_changes(
 ) -> bool:
     """Whether, for some pair of strategies, tracing (`produced_layout`) lays out a value
     crossing `boundary` otherwise than the rule before it did."""
+
+    def moves(last: int, first: int, rule: MeshSpec | None) -> tuple[object, ...]:
+        return boundary_moves(
+            graph, blocks, segmentation, boundary, rule, last_choice=last, first_choice=first
+        )
+
+    return any(
+        moves(last, first, mesh) != moves(last, first, None)
+        for last, first in boundary_choices(blocks, segmentation, boundary)
+    )
+
+
+def boundary_choices(
+    blocks: tuple[ParallelBlock, ...], segmentation: Segmentation, boundary: int
+) -> Iterator[tuple[int, int]]:
+    """Every pair of strategy indices meeting at `boundary`: the last block of the instance
+    before it, the first block of the one after (0 on a side without blocks)."""
     before = segmentation.instances[boundary]
     after = segmentation.instances[boundary + 1]
     lasts = range(len(blocks[before.blocks[-1]].strategies)) if before.blocks else [0]
     firsts = range(len(blocks[after.blocks[0]].strategies)) if after.blocks else [0]
-    for last, first in itertools.product(lasts, firsts):
-        traced, untraced = (
-            boundary_moves(
-                graph, blocks, segmentation, boundary, rule,
-                last_choice=last, first_choice=first,
-            )
-            for rule in (mesh, None)
-        )  # fmt: skip
-        if traced != untraced:
-            return True
-    return False
+    return itertools.product(lasts, firsts)
 
 
 # What a resharding program moves, whichever boundary it serves: (dtype, shape, from, to) of
@@ -643,10 +650,6 @@ def reshard_signatures(
     first boundary (`pair_boundaries`)."""
     found: dict[tuple[int, int], dict[tuple[int, int], ReshardSignature]] = {}
     for pair, boundary in pair_boundaries(segmentation).items():
-        before = segmentation.instances[boundary]
-        after = segmentation.instances[boundary + 1]
-        lasts = range(len(blocks[before.blocks[-1]].strategies)) if before.blocks else [0]
-        firsts = range(len(blocks[after.blocks[0]].strategies)) if after.blocks else [0]
         found[pair] = {
             (last, first): reshard_signature(
                 graph,
@@ -660,6 +663,6 @@ def reshard_signatures(
                     first_choice=first,
                 ),
             )
-            for last, first in itertools.product(lasts, firsts)
+            for last, first in boundary_choices(blocks, segmentation, boundary)
         }
     return found
