@@ -30,15 +30,13 @@ lint: setup
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
-# Two workers (pytest-xdist; the machine CI runs on has two cores): most tests compile on one
-# thread, so two at once nearly halve the suite's time. Workers share one profile cache.
 test: lint
-	$(PY) -m pytest -n 2 --dist worksteal
+	$(PY) -m pytest
 
 # `slow` marks the longest tests: notebook, browser and benchmark runs, multi-process
 # clusters, whole-model checks
 test-fast: lint
-	$(PY) -m pytest -x -q -m "not slow" -n 2 --dist worksteal
+	$(PY) -m pytest -x -q -m "not slow"
 
 bench: setup
 	$(PY) benchmarks/trace_bench.py

@@ -7,7 +7,6 @@ sharded programs and never time them, so optimised machine code buys nothing her
 
 import os
 import subprocess
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,9 +23,6 @@ os.environ["XLA_FLAGS"] = " ".join(
     + list(_FLAGS)
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Names the session's shared profile cache (helpers.SHARED_CACHE); set before pytest-xdist
-# starts its workers, which inherit it, so they share one cache.
-os.environ.setdefault("EXPLORER_TEST_RUN", f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,11 +32,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("filterwarnings", "always::explorer.errors.MeshFitWarning")
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the session's shared profile cache (see helpers.SHARED_CACHE): once, by the
-    process that started the run, not by a worker another may still be using it with."""
-    if hasattr(session.config, "workerinput"):
-        return
+def pytest_sessionfinish(session: object, exitstatus: int) -> None:
+    """Remove the session's shared profile cache (see helpers.SHARED_CACHE)."""
     from helpers import SHARED_CACHE
 
     for suffix in ("", "-wal", "-shm"):

@@ -23,12 +23,7 @@ MODEL_NAMES = ("gpt", "llama", "bert", "moe")
 
 # One profile cache for the whole test session: compiled profiles are keyed by program, mesh
 # and backend (not platform, not model size), so modules profiling tiny GPT share their work.
-# The session's workers (pytest-xdist, `make test`) share it too: conftest names the run
-# before they start, and SQLite's locking lets them write it together.
-SHARED_CACHE = (
-    Path(tempfile.gettempdir())
-    / f"explorer-tests-{os.environ.get('EXPLORER_TEST_RUN', os.getpid())}.sqlite"
-)
+SHARED_CACHE = Path(tempfile.gettempdir()) / f"explorer-tests-{os.getpid()}.sqlite"
 
 
 @cache
