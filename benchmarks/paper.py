@@ -49,7 +49,6 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     """Analyse, plan, price every baseline and evaluate every plan of one case."""
     from explorer.pipeline import analyze
     from explorer.platforms import load_platform
-    from explorer.solve import solve_frontier
 
     platform = load_platform(case.platform)
     if platform.devices < math.prod(case.mesh):
@@ -73,11 +72,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     analysis = analyze(
         step, *args, mesh=case.mesh, platform=platform, cache=run.cache, progress=False
     )
-    cost = _search_cost(analysis, time.perf_counter() - start)
-    start = time.perf_counter()
-    assert analysis.cost_model is not None  # a profiled analysis has one
-    solve_frontier(analysis.cost_model, uniform=bool(analysis.graph.loops))
-    cost["solve_s"] = time.perf_counter() - start
+    cost = _search_cost(run, analysis, time.perf_counter() - start)
     plans: dict[str, Any] = {}
     notes: dict[str, str] = {}
     fitting = [p.time for p in analysis.frontier.points if p.memory <= capacity]
@@ -145,18 +140,21 @@ def _cfp_plan(
         )
 
 
-def _search_cost(analysis: Any, analyse_s: float) -> dict[str, Any]:
+def _search_cost(run: PaperRun, analysis: Any, analyse_s: float) -> dict[str, Any]:
     """What finding the case's plans cost: its programs, and the seconds they took."""
     from explorer.profile.runner import distinct_programs
 
     table = analysis.profiles
     programs = table[table["program"] != ""].drop_duplicates("program")
+    run.frontiers_kept += analysis.frontier_kept
     return {
         "programs": distinct_programs(table),  # a boundary where nothing moves has none
         "programs_from_cache": distinct_programs(table[table["cached"]]),
-        # what profiling cost when it was done, cached or not: a warm run reports its cold run's
+        # what profiling and solving cost when they were done, kept or not: a warm run
+        # reports its cold run's
         "profiling_s": float(programs["seconds"].sum()),
-        "analyse_s": analyse_s,  # trace, blocks, segments and profiling
+        "solve_s": analysis.solve_seconds,
+        "analyse_s": analyse_s,  # trace, blocks, segments, profiling and the frontier
     }
 
 
@@ -246,7 +244,7 @@ def _with_wider_space(
         )
     except ProfilingCancelled:
         return None
-    cost = _search_cost(analysis, time.perf_counter() - start)
+    cost = _search_cost(run, analysis, time.perf_counter() - start)
     mine: dict[str, Any] = {}
     _cfp_plan(analysis, space.row, capacity, plans=mine, notes=notes)
     gpu.update(

@@ -195,6 +195,7 @@ class PaperRun:
     started: float = field(default_factory=time.perf_counter)
     evaluations_kept: int = 0  # whole-step evaluations read from the store, not compiled
     ilp_answers_kept: int = 0  # Alpa ILP answers read from their store, not solved
+    frontiers_kept: int = 0  # CFP frontiers read from the frontier store, not solved
     evaluations: EvaluationStore | None = None  # where whole-step evaluations are kept
     # XLA:GPU's memory of each plan (`explorer.target_memory`): "compile" what is not kept, or
     # "kept" (show what an earlier run compiled, compile nothing: about a minute a plan)

@@ -271,8 +271,9 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         f"Python {host.python_version()}, JAX {jax.__version__}); {len(run.done)} of "
         f"{len(run.cases)} cases done{selected}; {run.evaluations_kept} whole-step evaluations "
         "read from the evaluation store (plans compiled before, in this run or an earlier one; the "
-        f"rest compiled) and {run.ilp_answers_kept} Alpa ILP answers from the ILP store (its "
-        "solve seconds are those of the run that solved it). Every figure comes from that run; "
+        f"rest compiled), {run.ilp_answers_kept} Alpa ILP answers from the ILP store and "
+        f"{run.frontiers_kept} CFP frontiers from the frontier store (their solve seconds are "
+        "those of the run that solved them). Every figure comes from that run; "
         "`paper.csv` holds "
         "every row. Times are the whole training step compiled under each plan and priced on "
         "the platform (the `compiled` backend); ratios are baseline / CFP (> 1: CFP faster); "
@@ -283,8 +284,9 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         "cost: `profiling s` is what "
         "compiling and pricing the case's programs took when they were profiled, summed over "
         "programs (cached or not, so a warm run shows its cold run's), `analyse s` this run's "
-        "tracing, segmenting and profiling, `solve s` the frontier's, `Alpa ILP s` HiGHS's."
-        + (f" Quick grid: {QUICK_LAYERS} layers per model." if run.quick else ""),
+        "tracing, segmenting, profiling and solving (or reading what was kept), `solve s` what "
+        "solving the frontier took (kept or not, the run's that solved it), `Alpa ILP s` "
+        "HiGHS's." + (f" Quick grid: {QUICK_LAYERS} layers per model." if run.quick else ""),
         "",
         "## Goals",
         "",

@@ -16,6 +16,7 @@ import pandas as pd
 from explorer.baselines import baseline_choices, fsdp_parameter_layouts
 from explorer.cost import CostModel
 from explorer.errors import AnalysisError, InputError, NotProfiledError
+from explorer.frontier_store import SolvedFrontier
 from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, ParallelBlock, Segmentation
 from explorer.mesh import MeshSpec
 from explorer.pins import solver_pins
@@ -239,7 +240,8 @@ class Analysis(SegmentedStep):
 
     profile_records: Profiles  # every profiled program, typed: what the cost model read
     cost_model: CostModel
-    default_frontier: Frontier
+    # the frontier with no pins, and what solving it cost (kept from an earlier run or not)
+    default_solve: SolvedFrontier
 
     @property
     def profiled(self) -> bool:
@@ -254,7 +256,18 @@ class Analysis(SegmentedStep):
     def frontier(self) -> Frontier:
         """The time/memory Pareto frontier of composed plans (no pins; mixed configurations,
         uniform ones for a step with a scan: see `plan`)."""
-        return self.default_frontier
+        return self.default_solve.frontier
+
+    @property
+    def solve_seconds(self) -> float:
+        """What solving the default frontier took, in the run that solved it (an earlier
+        one's where the frontier store kept it: `frontier_kept`)."""
+        return self.default_solve.seconds
+
+    @property
+    def frontier_kept(self) -> bool:
+        """Whether the default frontier was read from the frontier store, not solved."""
+        return self.default_solve.kept
 
     def plan(
         self,

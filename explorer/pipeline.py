@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from explorer.analysis import Analysis, SegmentedStep
 from explorer.arguments import check_mesh_fit, check_platform_peaks, checked_arguments
 from explorer.cost import build_cost_model
+from explorer.frontier_store import frontier_store_path, solve_kept
 from explorer.mesh import MeshLike
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
-from explorer.solve import solve_frontier
 from explorer.space import step_space
 from explorer.trace import ArgRoles, trace
 
@@ -157,6 +157,7 @@ def analyze(
             only=only,
             cancel=cancel,
         )
+        kept_at = store.path if store.in_memory_since is None else None
     model = build_cost_model(segments, profiled, dependencies, loop_twins(graph, blocks.blocks))
     return Analysis(
         graph,
@@ -169,5 +170,6 @@ def analyze(
         backend,
         profiled,
         model,
-        solve_frontier(model, uniform=bool(graph.loops)),  # see Analysis.plan
+        # uniform for a step with a scan: see Analysis.plan
+        solve_kept(model, uniform=bool(graph.loops), store_path=frontier_store_path(kept_at)),
     )

@@ -33,11 +33,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
-    """Remove the session's shared profile cache (see helpers.SHARED_CACHE)."""
+    """Remove the session's shared profile cache (see helpers.SHARED_CACHE) and the
+    frontiers `analyze` kept beside it."""
     from helpers import SHARED_CACHE
+
+    from explorer.frontier_store import frontier_store_path
 
     for suffix in ("", "-wal", "-shm"):
         Path(f"{SHARED_CACHE}{suffix}").unlink(missing_ok=True)
+    Path(str(frontier_store_path(SHARED_CACHE))).unlink(missing_ok=True)
 
 
 def _writable(path: Path) -> bool:

@@ -137,7 +137,7 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     text = report.read_text()
     assert "--paper --quick` in " in text and "minutes" in text  # finished, with its time
     assert "## Failures\n\nNone." in text, text
-    assert "and 0 Alpa ILP answers from the ILP store" in text
+    assert ", 0 Alpa ILP answers from the ILP store and 0 CFP frontiers from" in text
 
     # every case has the CFP plan and every baseline, each judged by the compiled step
     assert len(frame) == len(cases) * 5
@@ -165,7 +165,8 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     assert "old" not in updated and "tail" in updated
     assert "llama_7b_bf16" in updated and "Geometric mean" in updated
 
-    # warm: every profile, whole-step evaluation and ILP answer comes from the caches
+    # warm: every profile, whole-step evaluation, ILP answer and frontier comes from the
+    # caches
     again = run_paper(True, out=tmp_path / "warm", cache=cache, log=print)
     warm = pd.read_csv(tmp_path / "warm" / "paper.csv")
     assert list(warm["evaluated_s"]) == list(frame["evaluated_s"])
@@ -177,8 +178,10 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     alpa = frame["plan"] == "alpa"
     # an ILP with no plan within the device is asked again without the budget: two answers
     asked = len(cases) + frame.loc[alpa, "note"].str.contains("without the budget").sum()
-    assert f"and {asked} Alpa ILP answers from the ILP store" in warm_text
+    kept = f", {asked} Alpa ILP answers from the ILP store and {len(cases)} CFP frontiers from"
+    assert kept in warm_text
     assert list(warm.loc[alpa, "alpa_solve_s"]) == list(frame.loc[alpa, "alpa_solve_s"])
+    assert list(warm_cfp["solve_s"]) == list(cfp["solve_s"])  # the cold run's solve
 
 
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(
@@ -380,4 +383,4 @@ def test_the_committed_paper_report_is_what_its_kept_caches_give(tmp_path: Path)
     # XLA:GPU's memory of the five plans, and of the fastest frontier plan (it fits)
     assert "(6 figures read from the store" in text, text
     assert list(again["plan"]) == ["cfp", *BASELINES, "cfp_gpu"]
-    assert "and 1 Alpa ILP answers from the ILP store" in text, text
+    assert ", 1 Alpa ILP answers from the ILP store and " in text, text

@@ -1,0 +1,132 @@
+"""Frontiers kept across runs: read back only for the same question, re-priced when read,
+and never at the cost of a run when the store is unusable."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from test_solve import chains
+
+from explorer.cost import CostModel, Option
+from explorer.frontier_store import (
+    frontier_store_path,
+    question_digest,
+    solve_kept,
+)
+from explorer.solve import solve_frontier
+
+
+def _option(name: str, time: float, memory: int, choices: tuple[int, ...] = (0,)) -> Option:
+    return Option(
+        choices=choices, name=name, t_comm=time / 2, t_comp=time / 2, persistent=memory,
+        transient=0, peak=memory,
+    )  # fmt: skip
+
+
+def _layers(count: int = 4, *, shared: bool = True) -> CostModel:
+    """`count` instances of one type with a fast, large option and a slow, small one (each
+    instance its own equal tuple where not `shared`)."""
+    layer = (_option("fast", 1.0, 10), _option("small", 3.0, 4))
+    options = tuple(layer if shared else tuple([*layer]) for _ in range(count))
+    reshard = tuple({(0, 0): 0.0} for _ in range(count - 1))
+    return CostModel(tuple(f"layer_{n}" for n in range(count)), options, reshard)
+
+
+def test_a_second_solve_of_the_same_model_reads_the_kept_frontier(tmp_path: Path) -> None:
+    model = _layers()
+    store = tmp_path / "frontiers.sqlite"
+    first = solve_kept(model, store_path=store)
+    again = solve_kept(model, store_path=store)
+    assert not first.kept and again.kept
+    assert again.frontier == first.frontier == solve_frontier(model)
+    assert again.seconds == first.seconds  # the run's that solved it
+    assert len(first.frontier.points) == len(model.options) + 1  # 0..4 layers fast
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chains())
+def test_any_kept_frontier_reads_back_as_solved(model: CostModel) -> None:
+    """Reading re-prices every point with the cost model; a solved point it prices otherwise
+    would be a miss, and a kept frontier must equal a fresh solve."""
+    from tempfile import TemporaryDirectory
+
+    with TemporaryDirectory() as folder:
+        store = Path(folder) / "frontiers.sqlite"
+        first = solve_kept(model, store_path=store)
+        again = solve_kept(model, store_path=store)
+    assert again.kept and again.frontier == first.frontier
+
+
+def test_each_question_is_kept_apart(tmp_path: Path) -> None:
+    model = _layers()
+    slower = replace(
+        model, options=(tuple(replace(o, t_comp=o.t_comp + 1e-9) for o in model.options[0]),
+                        *model.options[1:]),
+    )  # fmt: skip
+    questions = {
+        question_digest(model, None, False),
+        question_digest(model, None, True),  # uniform
+        question_digest(model, {0: {0: 0}}, False),  # pinned
+        question_digest(slower, None, False),  # one figure differs
+        # equal options that are not one type (the uniform solver groups types by identity)
+        question_digest(_layers(shared=False), None, False),
+    }
+    assert len(questions) == 5
+    store = tmp_path / "frontiers.sqlite"
+    solve_kept(model, store_path=store)
+    assert not solve_kept(slower, store_path=store).kept
+    assert not solve_kept(model, {0: {0: 0}}, store_path=store).kept
+    assert solve_kept(model, store_path=store).kept
+
+
+def test_a_kept_frontier_the_model_prices_otherwise_is_solved_again(tmp_path: Path) -> None:
+    model = _layers()
+    store = tmp_path / "frontiers.sqlite"
+    solved = solve_kept(model, store_path=store)
+    with sqlite3.connect(store) as db:  # a row edited by hand: the slowest plan's time
+        (text,) = db.execute("SELECT fields FROM frontiers").fetchone()
+        fields = json.loads(text)
+        fields["times"][0] += 1.0
+        db.execute("UPDATE frontiers SET fields = ?", (json.dumps(fields),))
+    with pytest.warns(UserWarning, match="unreadable row in 'frontiers'"):
+        again = solve_kept(model, store_path=store)
+    assert not again.kept and again.frontier == solved.frontier
+    assert solve_kept(model, store_path=store).kept  # the fresh answer replaced the bad row
+
+
+def test_an_unusable_store_costs_the_run_nothing_but_the_time(
+    tmp_path: Path, make_read_only: Callable[[Path], Path]
+) -> None:
+    model = _layers()
+    garbage = tmp_path / "not-a-database.sqlite"
+    garbage.write_bytes(b"this is not SQLite" * 100)
+    with pytest.warns(UserWarning, match="frontier store .*not-a-database.sqlite could not be"):
+        found = solve_kept(model, store_path=garbage)
+    assert not found.kept and found.frontier == solve_frontier(model)
+    assert garbage.read_bytes() == b"this is not SQLite" * 100  # left as it was
+
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    make_read_only(folder)
+    with pytest.warns(UserWarning, match="frontier store .*locked.*could not be opened"):
+        found = solve_kept(model, store_path=folder / "sub" / "frontiers.sqlite")
+    assert not found.kept and found.frontier == solve_frontier(model)
+
+
+def test_no_store_path_keeps_nothing(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        solved = solve_kept(_layers(), store_path=None)
+    assert not solved.kept and list(tmp_path.iterdir()) == []
+
+
+def test_analyze_keeps_frontiers_beside_its_profile_cache() -> None:
+    assert frontier_store_path(Path("/c/profiles.sqlite")) == Path("/c/profiles.frontiers.sqlite")
+    assert frontier_store_path(None) is None
