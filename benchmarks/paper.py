@@ -219,8 +219,9 @@ def _with_wider_space(
     (`space.row`) and the one XLA:GPU's memory chooses (`space.gpu_row`), added to `plans`
     (their XLA:GPU memory to `gpu`); the analysis' search cost, as `run_case` reports it.
     None where the space is the paper's (a 2-D widening on a 1-D mesh), or where the run
-    keeps to the cache ("kept") and the cache lacks a program of that space."""
-    from explorer.errors import ProfilingCancelled
+    keeps to the cache ("kept") and the cache lacks a program of that space, or where the
+    space's frontier is too large to solve (the report's "Not run" says so)."""
+    from explorer.errors import FrontierTooLargeError, ProfilingCancelled
     from explorer.pipeline import analyze
 
     if space.two_d_only and len(case.mesh) == 1:
@@ -243,6 +244,9 @@ def _with_wider_space(
             whole_mesh=space.whole_mesh,
         )
     except ProfilingCancelled:
+        return None
+    except FrontierTooLargeError as err:  # profiled, but too large for the exact solver
+        run.skipped.append(f"{case.label}: {space.title}: {str(err).splitlines()[0]}")
         return None
     cost = _search_cost(run, analysis, time.perf_counter() - start)
     mine: dict[str, Any] = {}

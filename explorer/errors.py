@@ -94,6 +94,10 @@ class ConfigCapError(AnalysisError):
     """A segment's configuration space is larger than the profiling cap (`config_cap`)."""
 
 
+class FrontierTooLargeError(AnalysisError):
+    """The exact frontier would hold more partial plans than the solver may (its memory)."""
+
+
 class NoPlanFitsError(AnalysisError):
     """The memory budget is below the smallest plan."""
 

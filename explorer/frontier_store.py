@@ -10,6 +10,9 @@ the cost model's arithmetic in `cost`). A kept frontier is read back checked: ev
 priced again by the cost model (`CostModel.time`, `CostModel.memory`), and one the model prices
 otherwise is a miss, solved again, never trusted.
 
+A frontier too large to solve (`FrontierTooLargeError`) is kept as such, with the solver's
+memory limit then: asked again with no more room, it is refused at once, not after minutes.
+
 `analyze` keeps the frontier beside its profile cache (`frontier_store_path`); a cache kept in
 memory keeps none. A store that cannot be opened, read or written costs the run nothing but
 the time: the frontier is solved, with one warning saying why it was not kept.
@@ -30,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from explorer.cost import CostModel
+from explorer.errors import FrontierTooLargeError
 from explorer.kept_rows import KeptRows
-from explorer.solve import Frontier, FrontierPoint, Pins, solve_frontier
+from explorer.solve import Frontier, FrontierPoint, Pins, solve_frontier, solver_memory_limit
 
 
 def _code_digest() -> str:
@@ -88,8 +92,17 @@ class FrontierStore(KeptRows):
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, "frontiers", ("question",))
 
-    def get_frontier(self, question: str, model: CostModel) -> SolvedFrontier | None:
+    def get_frontier(
+        self, question: str, model: CostModel
+    ) -> SolvedFrontier | FrontierTooLargeError | None:
+        """The kept frontier, or the refusal kept for it (`put_refusal`) where the solver may
+        hold no more now than then; None where neither is kept."""
         return self.get((question,), lambda fields: _frontier_from(fields, model))
+
+    def put_refusal(self, question: str, refusal: FrontierTooLargeError, seconds: float) -> None:
+        """Keep that the frontier outgrew the solver's memory limit, and how soon it did."""
+        fields = {"too_large": str(refusal), "limit": solver_memory_limit(), "seconds": seconds}
+        self.put((question,), fields)
 
     def put_frontier(self, question: str, solved: SolvedFrontier) -> None:
         points = solved.frontier.points
@@ -106,9 +119,16 @@ class FrontierStore(KeptRows):
         )
 
 
-def _frontier_from(fields: dict[str, Any], model: CostModel) -> SolvedFrontier:
+def _frontier_from(
+    fields: dict[str, Any], model: CostModel
+) -> SolvedFrontier | FrontierTooLargeError | None:
     """The kept frontier, each point priced again by `model`: a ValueError (a miss, solved
-    again) where a selection does not fit the model or is priced otherwise than kept."""
+    again) where a selection does not fit the model or is priced otherwise than kept. A kept
+    refusal stands while the solver may hold no more than it could then."""
+    if "too_large" in fields:
+        if solver_memory_limit() > int(fields["limit"]):
+            return None  # more room now: try again
+        return FrontierTooLargeError(f"{fields['too_large']} (kept from an earlier run)")
     try:
         selections = json.loads(zlib.decompress(base64.b64decode(fields["selections"])))
     except zlib.error as err:
@@ -147,10 +167,20 @@ def solve_kept(
             except sqlite3.Error as err:
                 _not_kept(store_path, "read", err)
                 found = None
+            if isinstance(found, FrontierTooLargeError):
+                raise found
             if found is not None:
                 return found
         start = time.perf_counter()
-        frontier = solve_frontier(model, pins, uniform)
+        try:
+            frontier = solve_frontier(model, pins, uniform)
+        except FrontierTooLargeError as refusal:
+            if store is not None:
+                try:
+                    store.put_refusal(question, refusal, time.perf_counter() - start)
+                except sqlite3.Error as err:
+                    _not_kept(store_path, "written", err)
+            raise
         solved = SolvedFrontier(frontier, time.perf_counter() - start, kept=False)
         if store is not None:
             try:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from explorer.cost import CostModel, Option
-from explorer.errors import AnalysisError, NoPlanFitsError
+from explorer.errors import AnalysisError, FrontierTooLargeError, NoPlanFitsError
 from explorer.pareto import _pareto, _skyline
 
 
@@ -65,6 +66,16 @@ class Frontier:
         index = bisect.bisect_right([p.memory for p in self.points], budget) - 1
         return self.points[index]
 
+
+# Candidate partial plans (a plan followed by an option) built and pruned at once, at most
+# about this many: a wide space's can outgrow the machine (MoE-7.1B on 2x4 with whole-mesh
+# strategies was killed holding 23 GB). The survivors of chunks pruned apart, pruned again
+# together, are one pass's (dominance is transitive).
+CANDIDATE_CHUNK = 8_000_000
+# What the solver may hold ("24GiB", or bytes): by default half of this machine's memory. A
+# space whose partial plans outgrow it is refused (`FrontierTooLargeError`) instead of taking
+# the process down with it.
+MEMORY_LIMIT_VARIABLE = "EXPLORER_SOLVER_MEMORY_LIMIT"
 
 Pins = Mapping[int, Mapping[int, int]]  # instance -> {block position in instance: strategy}
 # A plan's option indices, or a function that names them when asked (after filtering).
@@ -251,6 +262,8 @@ def _chain(
                 latency[key] = seconds
     groups = sorted(latency)
     bit = {key: 1 << k for k, key in enumerate(groups)}
+    limit = solver_memory_limit()
+    history_bytes = 0
     classes = np.zeros((1, 2), dtype=np.int64)  # before the first instance: nothing open
     time = np.zeros(1)
     held = np.zeros(1, dtype=np.int64)
@@ -296,20 +309,35 @@ def _chain(
         classes, inverse = np.unique(np.stack(columns, axis=1), axis=0, return_inverse=True)
         leads_to = np.zeros(fits.shape, dtype=np.int64)
         leads_to[pair_class, pair_option] = inverse.reshape(-1)
-        # every partial plan followed by every option its class fits
-        plan, option = np.nonzero(fits[of_class])
-        came = of_class[plan]
-        candidate_class = leads_to[came, option]
-        candidate_time = time[plan] + step[came, option]
         opens = model.opens_type(n)
         adds = np.array([_steps(o, opens) for o in options], dtype=np.int64)
         adds = adds.reshape(len(options), 3)
-        candidate_held = held[plan] + adds[option, 0]
-        candidate_total = np.maximum(total[plan] + adds[option, 1], held[plan] + adds[option, 2])
-        keep = _skyline(candidate_class, candidate_time, candidate_held, candidate_total)
-        of_class, time = candidate_class[keep], candidate_time[keep]
-        held, total = candidate_held[keep], candidate_total[keep]
-        history.append((plan[keep], ids[option[keep]]))
+        # every partial plan followed by every option its class fits, pruned in chunks of
+        # plans where they are many: the survivors so far go first, as their plans do, and
+        # `_skyline`'s stable sorts keep equal plans in that order, so the last pruning
+        # decides as one pass would
+        weights = fits.sum(axis=1)[of_class] + len(options) / 8  # candidates, and the mask
+        survivors: tuple[np.ndarray, ...] = ()
+        for lo, hi in _chunks(weights, CANDIDATE_CHUNK):
+            plan, option = np.nonzero(fits[of_class[lo:hi]])
+            plan += lo
+            came = of_class[plan]
+            candidates: tuple[np.ndarray, ...] = (
+                plan,
+                option,
+                leads_to[came, option],  # class
+                time[plan] + step[came, option],
+                held[plan] + adds[option, 0],
+                np.maximum(total[plan] + adds[option, 1], held[plan] + adds[option, 2]),
+            )
+            if survivors:
+                candidates = tuple(map(np.concatenate, zip(survivors, candidates, strict=True)))
+            keep = _skyline(*candidates[2:])
+            survivors = tuple(column[keep] for column in candidates)
+            _check_room(model, n, survivors, history_bytes, limit)
+        plan, option, of_class, time, held, total = survivors
+        history.append((plan, ids[option]))
+        history_bytes += plan.nbytes + option.nbytes
 
     def walk(k: int) -> tuple[int, ...]:
         """Follow the back pointers from final plan `k`."""
@@ -321,6 +349,50 @@ def _chain(
         return tuple(selection)
 
     return [(float(time[k]), int(total[k]), functools.partial(walk, k)) for k in range(len(time))]
+
+
+def solver_memory_limit() -> int:
+    """Bytes the solver may hold: $EXPLORER_SOLVER_MEMORY_LIMIT when set, else half of this
+    machine's memory."""
+    from explorer.units import parse_bytes
+
+    given = os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip()
+    if given:
+        return int(parse_bytes(given, MEMORY_LIMIT_VARIABLE))
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
+# The partial plans alive at once, as a multiple of their own arrays: the next chunk's
+# candidates and `_skyline`'s sorts beside them.
+_WORKING_COPIES = 4
+
+
+def _check_room(
+    model: CostModel, n: int, survivors: tuple[np.ndarray, ...], history_bytes: int, limit: int
+) -> None:
+    """Refuse to go on where the partial plans would outgrow `limit` bytes."""
+    alive = sum(column.nbytes for column in survivors)
+    needed = history_bytes + _WORKING_COPIES * alive
+    if needed <= limit:
+        return
+    raise FrontierTooLargeError(
+        f"the frontier of this space is too large to solve exactly: at segment instance "
+        f"{model.labels[n]!r} ({n + 1} of {len(model.options)}), {len(survivors[0]):,} partial "
+        f"plans survive, and with those before them the solver would hold about "
+        f"{_gib(needed)}, over its {_gib(limit)} (${MEMORY_LIMIT_VARIABLE}, by default half "
+        "of this machine's memory). Narrow the space (pins, a smaller config_cap, without "
+        "whole_mesh or shard_parameters) or raise the limit on a larger machine."
+    )
+
+
+def _chunks(weights: np.ndarray, size: float) -> list[tuple[int, int]]:
+    """Consecutive ranges of plans of about `size` total weight each (at least one plan)."""
+    if len(weights) == 0:
+        return [(0, 0)]
+    ends = np.cumsum(weights)
+    cuts = np.searchsorted(ends, np.arange(size, ends[-1], size)) + 1
+    edges = np.unique(np.concatenate(([0], cuts, [len(weights)])))
+    return [(int(lo), int(hi)) for lo, hi in itertools.pairwise(edges)]
 
 
 def _resharding(

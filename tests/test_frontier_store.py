@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from test_solve import chains
 
 from explorer.cost import CostModel, Option
+from explorer.errors import BytesError, FrontierTooLargeError
 from explorer.frontier_store import (
     frontier_store_path,
     question_digest,
@@ -130,3 +131,25 @@ def test_no_store_path_keeps_nothing(tmp_path: Path) -> None:
 def test_analyze_keeps_frontiers_beside_its_profile_cache() -> None:
     assert frontier_store_path(Path("/c/profiles.sqlite")) == Path("/c/profiles.frontiers.sqlite")
     assert frontier_store_path(None) is None
+
+
+def test_a_frontier_over_the_solver_s_memory_is_refused_and_the_refusal_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A space whose partial plans outgrow the solver's limit is refused with what to do,
+    not solved until the machine kills the process; asked again with no more room, the kept
+    refusal answers at once, and a larger limit solves it."""
+    model = _layers(count=6)
+    store = tmp_path / "frontiers.sqlite"
+    monkeypatch.setenv("EXPLORER_SOLVER_MEMORY_LIMIT", "64")  # bytes: a few partial plans
+    with pytest.raises(FrontierTooLargeError, match=r"too large to solve exactly: at .*layer_"):
+        solve_kept(model, store_path=store)
+    with pytest.raises(FrontierTooLargeError, match="kept from an earlier run"):
+        solve_kept(model, store_path=store)
+    monkeypatch.setenv("EXPLORER_SOLVER_MEMORY_LIMIT", "1GiB")
+    solved = solve_kept(model, store_path=store)
+    assert not solved.kept and solved.frontier == solve_frontier(model)
+    assert solve_kept(model, store_path=store).kept
+    monkeypatch.setenv("EXPLORER_SOLVER_MEMORY_LIMIT", "lots")
+    with pytest.raises(BytesError, match="EXPLORER_SOLVER_MEMORY_LIMIT"):
+        solve_frontier(model)

@@ -584,3 +584,31 @@ def test_earlier_least_value_matches_a_loop_whatever_the_range(scale: int) -> No
         before = [int(v) for v, r in zip(values[:k], run[:k], strict=True) if r == run[k]]
         expected.append(min(before, default=np.iinfo(np.int64).max))
     assert _earlier_least_value(values, run).tolist() == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains(), st.integers(1, 12), st.booleans())
+def test_pruning_in_chunks_finds_the_plans_one_pass_finds(
+    drawn: CostModel, chunk: int, ties: bool
+) -> None:
+    """A wide space's candidates are pruned in chunks of partial plans (`CANDIDATE_CHUNK`):
+    the frontier, down to which of two equal plans it names, is the one pass's."""
+    from explorer import solve
+
+    model = drawn
+    if ties:  # whole seconds: many plans of equal time, where the order decides
+        model = replace(
+            drawn,
+            options=tuple(
+                tuple(replace(o, t_comm=float(round(o.t_comm)), t_comp=0.0) for o in options)
+                for options in drawn.options
+            ),
+        )
+    whole = solve_frontier(model)
+    original = solve.CANDIDATE_CHUNK
+    solve.CANDIDATE_CHUNK = chunk
+    try:
+        chunked = solve_frontier(model)
+    finally:
+        solve.CANDIDATE_CHUNK = original
+    assert chunked == whole
