@@ -27,7 +27,6 @@ import sqlite3
 import time
 import warnings
 import zlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,7 +150,7 @@ def _frontier_from(
 
 def solve_kept(
     model: CostModel,
-    pins: Mapping[int, Mapping[int, int]] | None = None,
+    pins: Pins | None = None,
     uniform: bool = False,
     *,
     store_path: Path | None = None,
