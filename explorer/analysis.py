@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -16,7 +17,7 @@ import pandas as pd
 from explorer.baselines import baseline_choices, fsdp_parameter_layouts
 from explorer.cost import CostModel
 from explorer.errors import AnalysisError, InputError, NotProfiledError
-from explorer.frontier_store import SolvedFrontier
+from explorer.frontier_store import SolvedFrontier, solve_kept
 from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, ParallelBlock, Segmentation
 from explorer.mesh import MeshSpec
 from explorer.pins import solver_pins
@@ -24,7 +25,7 @@ from explorer.plan import Plan, make_plan
 from explorer.plan_build import unpriced_segments
 from explorer.plan_types import InstanceChoice
 from explorer.segments import ProgramCount, program_count
-from explorer.solve import Frontier, solve_frontier
+from explorer.solve import Frontier
 from explorer.space import config_count, reshard_signatures
 from explorer.units import BytesLike, parse_bytes
 
@@ -242,6 +243,8 @@ class Analysis(SegmentedStep):
     cost_model: CostModel
     # the frontier with no pins, and what solving it cost (kept from an earlier run or not)
     default_solve: SolvedFrontier
+    # where frontiers under pins are kept too (`frontier_store`); None: nowhere
+    frontier_store: Path | None = None
 
     @property
     def profiled(self) -> bool:
@@ -292,8 +295,9 @@ class Analysis(SegmentedStep):
     def frontier_for(
         self, pins: Mapping[Any, Any] | None = None, uniform: bool | None = None
     ) -> Frontier:
-        """The time/memory frontier under `pins` and `uniform` (see `plan`); solved once, then
-        every budget is a lookup on it."""
+        """The time/memory frontier under `pins` and `uniform` (see `plan`); solved once (and
+        kept beside the profile cache, like the default frontier), then every budget is a
+        lookup on it."""
         if uniform is not None and not isinstance(uniform, bool):
             raise InputError(
                 f"uniform: expected True, False or None (the default for this step), found "
@@ -304,7 +308,7 @@ class Analysis(SegmentedStep):
         uniform = has_loops if uniform is None else uniform
         if not pinned and uniform == has_loops:
             return self.frontier
-        return solve_frontier(self.cost_model, pinned, uniform)
+        return solve_kept(self.cost_model, pinned, uniform, store_path=self.frontier_store).frontier
 
     def plan_of(self, selection: Sequence[int], source: str = "manual") -> Plan:
         """The plan that takes option `selection[n]` (an index into the profiled

@@ -13,8 +13,9 @@ otherwise is a miss, solved again, never trusted.
 A frontier too large to solve (`FrontierTooLargeError`) is kept as such, with the solver's
 memory limit then: asked again with no more room, it is refused at once, not after minutes.
 
-`analyze` keeps the frontier beside its profile cache (`frontier_store_path`); a cache kept in
-memory keeps none. A store that cannot be opened, read or written costs the run nothing but
+`analyze` keeps its frontier beside its profile cache (`frontier_store_path`), and
+`Analysis.frontier_for` those under pins (the explorer's pins) in the same store; a cache kept
+in memory keeps none. A store that cannot be opened, read or written costs the run nothing but
 the time: the frontier is solved, with one warning saying why it was not kept.
 """
 

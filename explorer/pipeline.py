@@ -172,4 +172,5 @@ def analyze(
         model,
         # uniform for a step with a scan: see Analysis.plan
         solve_kept(model, uniform=bool(graph.loops), store_path=frontier_store_path(kept_at)),
+        frontier_store_path(kept_at),
     )

@@ -153,3 +153,41 @@ def test_a_frontier_over_the_solver_s_memory_is_refused_and_the_refusal_kept(
     monkeypatch.setenv("EXPLORER_SOLVER_MEMORY_LIMIT", "lots")
     with pytest.raises(BytesError, match="EXPLORER_SOLVER_MEMORY_LIMIT"):
         solve_frontier(model)
+
+
+def test_analyze_keeps_the_default_frontier_and_those_under_pins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real analysis: its frontier is kept beside the profile cache, a second analysis of
+    the same step reads it, and a frontier under pins is kept and read back the same way."""
+    import jax.numpy as jnp
+    import optax
+    from helpers import mlp_step
+
+    import explorer as ex
+    from explorer import frontier_store
+
+    params = {"w_in": jnp.ones((64, 128)), "w_out": jnp.ones((128, 64))}
+    args = (params, optax.sgd(0.1).init(params), jnp.ones((16, 64)))
+    cache = tmp_path / "profiles.sqlite"
+    first = ex.analyze(mlp_step, *args, mesh=(4,), cache=cache, progress=False)
+    assert (tmp_path / "profiles.frontiers.sqlite").is_file() and not first.frontier_kept
+    strategies = [s.name for s in first.blocks[0].strategies]
+    pins = {0: strategies[-1]}
+    pinned = first.frontier_for(pins)
+    with sqlite3.connect(tmp_path / "profiles.frontiers.sqlite") as db:
+        (rows,) = db.execute("SELECT count(*) FROM frontiers").fetchone()
+    assert rows == 2  # the default frontier and the pinned one
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("solved again: the store should have answered")
+
+    monkeypatch.setattr(frontier_store, "solve_frontier", never)
+    again = ex.analyze(mlp_step, *args, mesh=(4,), cache=cache, progress=False)
+    assert again.frontier_kept and again.frontier == first.frontier
+    assert again.solve_seconds == first.solve_seconds
+    assert again.frontier_for(pins) == pinned
+    monkeypatch.undo()
+    unkept = ex.analyze(mlp_step, *args, mesh=(4,), cache=None, progress=False)
+    assert unkept.frontier_store is None and not unkept.frontier_kept  # no file, nothing kept
+    assert unkept.frontier_for(pins) == pinned
