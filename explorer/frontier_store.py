@@ -126,7 +126,8 @@ def _frontier_from(
     again) where a selection does not fit the model or is priced otherwise than kept. A kept
     refusal stands while the solver may hold no more than it could then."""
     if "too_large" in fields:
-        if solver_memory_limit() > int(fields["limit"]):
+        limit = solver_memory_limit()
+        if limit is None or limit > int(fields["limit"]):
             return None  # more room now: try again
         return FrontierTooLargeError(f"{fields['too_large']} (kept from an earlier run)")
     try:

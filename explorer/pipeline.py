@@ -157,7 +157,7 @@ def analyze(
             only=only,
             cancel=cancel,
         )
-        kept_at = store.path if store.in_memory_since is None else None
+        kept_at = frontier_store_path(store.path if store.in_memory_since is None else None)
     model = build_cost_model(segments, profiled, dependencies, loop_twins(graph, blocks.blocks))
     return Analysis(
         graph,
@@ -171,6 +171,6 @@ def analyze(
         profiled,
         model,
         # uniform for a step with a scan: see Analysis.plan
-        solve_kept(model, uniform=bool(graph.loops), store_path=frontier_store_path(kept_at)),
-        frontier_store_path(kept_at),
+        solve_kept(model, uniform=bool(graph.loops), store_path=kept_at),
+        kept_at,
     )

@@ -21,7 +21,6 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ import numpy as np
 from explorer.cost import CostModel, Option
 from explorer.errors import AnalysisError, FrontierTooLargeError, NoPlanFitsError
 from explorer.pareto import _pareto, _skyline
+from explorer.units import memory_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,15 +351,9 @@ def _chain(
     return [(float(time[k]), int(total[k]), functools.partial(walk, k)) for k in range(len(time))]
 
 
-def solver_memory_limit() -> int:
-    """Bytes the solver may hold: $EXPLORER_SOLVER_MEMORY_LIMIT when set, else half of this
-    machine's memory."""
-    from explorer.units import parse_bytes
-
-    given = os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip()
-    if given:
-        return int(parse_bytes(given, MEMORY_LIMIT_VARIABLE))
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+def solver_memory_limit() -> int | None:
+    """Bytes the solver may hold (`MEMORY_LIMIT_VARIABLE`; None: no limit known)."""
+    return memory_limit(MEMORY_LIMIT_VARIABLE)
 
 
 # The partial plans alive at once, as a multiple of their own arrays: the next chunk's
@@ -368,12 +362,16 @@ _WORKING_COPIES = 4
 
 
 def _check_room(
-    model: CostModel, n: int, survivors: tuple[np.ndarray, ...], history_bytes: int, limit: int
+    model: CostModel,
+    n: int,
+    survivors: tuple[np.ndarray, ...],
+    history_bytes: int,
+    limit: int | None,
 ) -> None:
     """Refuse to go on where the partial plans would outgrow `limit` bytes."""
     alive = sum(column.nbytes for column in survivors)
     needed = history_bytes + _WORKING_COPIES * alive
-    if needed <= limit:
+    if limit is None or needed <= limit:
         return
     raise FrontierTooLargeError(
         f"the frontier of this space is too large to solve exactly: at segment instance "

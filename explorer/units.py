@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import re
 from typing import TypeAlias
 
@@ -68,3 +69,15 @@ def format_bytes(amount: float) -> str:
         if abs(amount) >= scale:
             return f"{amount / scale:.3g} {unit}"
     return f"{amount:.0f} B"
+
+
+def memory_limit(variable: str) -> int | None:
+    """Bytes a memory-hungry stage may hold: $`variable` when set ("16GiB", or bytes), else
+    half of this machine's memory; None where neither is known."""
+    given = os.environ.get(variable, "").strip()
+    if given:
+        return int(parse_bytes(given, variable))
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):  # a platform that does not say
+        return None

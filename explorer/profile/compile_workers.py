@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from explorer._jax_compat import CompiledText, CompileRequest, compile_from_request
 from explorer.errors import ExplorerError
-from explorer.units import parse_bytes
+from explorer.units import memory_limit
 
 # A worker exits after compiling this many programs; the next request starts a fresh one.
 # Starting one costs ~1-2 s (importing JAX); 100 programs cost ~60-90 s on the tiny MoE.
@@ -112,11 +112,7 @@ def worker_memory_limit() -> int | None:
     """Bytes one compile worker may hold: $EXPLORER_COMPILE_MEMORY_LIMIT when set ("16GiB",
     or bytes), else half of this machine's memory; None where neither is known (no watchdog:
     resident memory is read from Linux's /proc)."""
-    given = os.environ.get(MEMORY_LIMIT_VARIABLE, "").strip()
-    if given:
-        return int(parse_bytes(given, MEMORY_LIMIT_VARIABLE))
-    total = _meminfo("MemTotal")
-    return None if total is None else total // 2
+    return memory_limit(MEMORY_LIMIT_VARIABLE)
 
 
 def resident_bytes(pid: int) -> int | None:
