@@ -95,7 +95,8 @@ class ConfigCapError(AnalysisError):
 
 
 class FrontierTooLargeError(AnalysisError):
-    """The exact frontier would hold more partial plans than the solver may (its memory)."""
+    """The exact frontier would hold more partial plans than the solver may (its memory
+    limit), or take longer to solve than it may (its time limit)."""
 
 
 class NoPlanFitsError(AnalysisError):

@@ -11,7 +11,8 @@ priced again by the cost model (`CostModel.time`, `CostModel.memory`), and one t
 otherwise is a miss, solved again, never trusted.
 
 A frontier too large to solve (`FrontierTooLargeError`) is kept as such, with the solver's
-memory limit then: asked again with no more room, it is refused at once, not after minutes.
+memory and time limits then: asked again with no more room and no more time, it is refused at
+once, not after minutes.
 
 `analyze` keeps its frontier beside its profile cache (`frontier_store_path`), and
 `Analysis.frontier_for` those under pins (the explorer's pins) in the same store; a cache kept
@@ -35,7 +36,14 @@ from typing import Any
 from explorer.cost import CostModel
 from explorer.errors import FrontierTooLargeError
 from explorer.kept_rows import KeptRows
-from explorer.solve import Frontier, FrontierPoint, Pins, solve_frontier, solver_memory_limit
+from explorer.solve import (
+    Frontier,
+    FrontierPoint,
+    Pins,
+    solve_frontier,
+    solver_memory_limit,
+    solver_time_limit,
+)
 
 
 def _code_digest() -> str:
@@ -100,8 +108,13 @@ class FrontierStore(KeptRows):
         return self.get((question,), lambda fields: _frontier_from(fields, model))
 
     def put_refusal(self, question: str, refusal: FrontierTooLargeError, seconds: float) -> None:
-        """Keep that the frontier outgrew the solver's memory limit, and how soon it did."""
-        fields = {"too_large": str(refusal), "limit": solver_memory_limit(), "seconds": seconds}
+        """Keep that the frontier outgrew the solver's limits, and how soon it did."""
+        fields = {
+            "too_large": str(refusal),
+            "memory_limit": solver_memory_limit(),
+            "time_limit": solver_time_limit(),
+            "seconds": seconds,
+        }
         self.put((question,), fields)
 
     def put_frontier(self, question: str, solved: SolvedFrontier) -> None:
@@ -124,11 +137,12 @@ def _frontier_from(
 ) -> SolvedFrontier | FrontierTooLargeError | None:
     """The kept frontier, each point priced again by `model`: a ValueError (a miss, solved
     again) where a selection does not fit the model or is priced otherwise than kept. A kept
-    refusal stands while the solver may hold no more than it could then."""
+    refusal stands while the solver may hold no more and take no longer than it could then."""
     if "too_large" in fields:
-        limit = solver_memory_limit()
-        if limit is None or limit > int(fields["limit"]):
-            return None  # more room now: try again
+        if _raised(solver_memory_limit(), fields["memory_limit"]) or _raised(
+            solver_time_limit(), fields["time_limit"]
+        ):
+            return None  # more room or more time now: try again
         return FrontierTooLargeError(f"{fields['too_large']} (kept from an earlier run)")
     try:
         selections = json.loads(zlib.decompress(base64.b64decode(fields["selections"])))
@@ -192,6 +206,13 @@ def solve_kept(
     finally:
         if store is not None:
             store.close()
+
+
+def _raised(now: float | None, then: float | None) -> bool:
+    """Whether a limit (None: none) allows more now than it did then."""
+    if now is None:
+        return then is not None
+    return then is not None and now > then
 
 
 def _opened(path: Path | None) -> FrontierStore | None:

@@ -21,13 +21,16 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from time import monotonic
 
 import numpy as np
 
 from explorer.cost import CostModel, Option
-from explorer.errors import AnalysisError, FrontierTooLargeError, NoPlanFitsError
+from explorer.errors import AnalysisError, FrontierTooLargeError, InputError, NoPlanFitsError
 from explorer.pareto import _pareto, _skyline
 from explorer.units import memory_limit
 
@@ -76,6 +79,12 @@ CANDIDATE_CHUNK = 8_000_000
 # space whose partial plans outgrow it is refused (`FrontierTooLargeError`) instead of taking
 # the process down with it.
 MEMORY_LIMIT_VARIABLE = "EXPLORER_SOLVER_MEMORY_LIMIT"
+# How long the solver may take, in seconds ("none": no limit): a space whose exact frontier
+# needs longer is refused. Memory is no bound on time: MoE-7.1B's whole-mesh space on 2x4 grows
+# its partial plans slowly enough to run for hours before reaching half of this machine's.
+TIME_LIMIT_VARIABLE = "EXPLORER_SOLVER_TIME_LIMIT"
+DEFAULT_TIME_LIMIT = 600.0
+UNIFORM_CHECK_EVERY = 1024  # the uniform solver reads the clock once per so many configurations
 
 Pins = Mapping[int, Mapping[int, int]]  # instance -> {block position in instance: strategy}
 # A plan's option indices, or a function that names them when asked (after filtering).
@@ -89,11 +98,12 @@ def solve_frontier(model: CostModel, pins: Pins | None = None, uniform: bool = F
     instances that share options (one segment type) take the same configuration, and every
     block the strategy of its twin (`CostModel.twins`: a scan's iterations run one body).
     """
+    deadline = _Deadline(model, solver_time_limit())
     sharing = _sharing(model)
     allowed = _allowed(model, pins or {}, sharing, uniform)
     if not uniform:
-        return _frontier(_chain(model, allowed, sharing), model)
-    candidates = _uniform(model, allowed, sharing)
+        return _frontier(_chain(model, allowed, sharing, deadline), model)
+    candidates = _uniform(model, allowed, sharing, deadline)
     if not candidates:
         raise AnalysisError(
             "no common configuration per segment type: the pins, the failed reshardings or the "
@@ -240,7 +250,7 @@ def _steps(option: Option, opens_type: bool = False) -> tuple[int, int, int]:
 
 
 def _chain(
-    model: CostModel, allowed: list[list[int]], sharing: _Sharing
+    model: CostModel, allowed: list[list[int]], sharing: _Sharing, deadline: _Deadline
 ) -> list[tuple[float, int, Selection]]:
     """Pareto plans of the chain, in one pass carrying the largest memory level so far.
 
@@ -271,6 +281,7 @@ def _chain(
     of_class = np.zeros(1, dtype=np.int64)
     history: list[tuple[np.ndarray, np.ndarray]] = []  # per instance: previous plan, option
     for n, opts in enumerate(allowed):
+        deadline.check(n, len(time), len(classes))
         was_open = sharing.open_after[n - 1] if n else ()
         touched = sharing.touched[n]
         usable = [(i, _shared_values(model.options[n][i], n, sharing)) for i in opts]
@@ -335,6 +346,7 @@ def _chain(
             keep = _skyline(*candidates[2:])
             survivors = tuple(column[keep] for column in candidates)
             _check_room(model, n, survivors, history_bytes, limit)
+            deadline.check(n, len(survivors[0]), len(classes))
         plan, option, of_class, time, held, total = survivors
         history.append((plan, ids[option]))
         history_bytes += plan.nbytes + option.nbytes
@@ -354,6 +366,55 @@ def _chain(
 def solver_memory_limit() -> int | None:
     """Bytes the solver may hold (`MEMORY_LIMIT_VARIABLE`; None: no limit known)."""
     return memory_limit(MEMORY_LIMIT_VARIABLE)
+
+
+def solver_time_limit() -> float | None:
+    """Seconds the solver may take (`TIME_LIMIT_VARIABLE`, else `DEFAULT_TIME_LIMIT`; None: no
+    limit); an `InputError` naming the variable where it is not a number of seconds."""
+    given = os.environ.get(TIME_LIMIT_VARIABLE, "").strip()
+    if not given:
+        return DEFAULT_TIME_LIMIT
+    if given.lower() == "none":
+        return None
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:  # NaN too
+        raise InputError(
+            f"{TIME_LIMIT_VARIABLE}: expected a number of seconds >= 0 (such as '600' or "
+            f"'1e4'), or 'none' for no limit; found {given!r}"
+        )
+    return None if math.isinf(seconds) else seconds
+
+
+class _Deadline:
+    """The solver's time limit: `check` refuses the space once it is past, saying where."""
+
+    def __init__(self, model: CostModel, limit: float | None) -> None:
+        self.model = model
+        self.limit = limit
+        self.start = monotonic()
+
+    def check(self, n: int, plans: int, classes: int) -> None:
+        """Refuse the space if the limit is past, at instance `n` with `plans` partial plans
+        over `classes` classes alive (the uniform solver: partial configurations tried, 0)."""
+        if self.limit is None or monotonic() - self.start <= self.limit:
+            return
+        where = f"{self.model.labels[n]!r} ({n + 1} of {len(self.model.options)})"
+        over = f"{classes:,} class" + ("es" if classes > 1 else "")
+        alive = (
+            f"{plans:,} partial plans over {over}"
+            if classes
+            else f"{plans:,} partial common configurations tried"
+        )
+        raise FrontierTooLargeError(
+            f"the frontier of this space is too large to solve exactly: it was not solved "
+            f"within {self.limit:g} s (${TIME_LIMIT_VARIABLE}; 'none' for no limit). It had "
+            f"reached segment instance {where} with "
+            f"{alive}. Narrow the space (pins, a smaller config_cap, without whole_mesh or "
+            "shard_parameters) or raise the limit."
+        )
 
 
 # The partial plans alive at once, as a multiple of their own arrays: the next chunk's
@@ -441,7 +502,7 @@ def _frontier(candidates: Sequence[tuple[float, int, Selection]], model: CostMod
 
 
 def _uniform(
-    model: CostModel, allowed: list[list[int]], sharing: _Sharing
+    model: CostModel, allowed: list[list[int]], sharing: _Sharing, deadline: _Deadline
 ) -> list[tuple[float, int, Selection]]:
     """One configuration per group of instances sharing their options (a segment type).
 
@@ -489,8 +550,13 @@ def _uniform(
                     return None
         return fixed
 
+    tried = itertools.count(1)  # partial configurations, each one a few checks of agreement
+
     def consistent(prefix: list[int], taken: dict[int, int]) -> Iterator[list[int]]:
         t = len(prefix)
+        visits = next(tried)
+        if visits % UNIFORM_CHECK_EVERY == 0:
+            deadline.check(members[min(t, len(members) - 1)][0], visits, 0)
         if t == len(members):
             yield prefix
             return

@@ -155,6 +155,33 @@ def test_a_frontier_over_the_solver_s_memory_is_refused_and_the_refusal_kept(
         solve_frontier(model)
 
 
+def test_a_frontier_over_the_solver_s_time_is_refused_and_kept_until_given_more_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A space not solved within the solver's time limit is refused; asked again with no more
+    time, the kept refusal answers at once (no solve starts), and more time solves it."""
+    from explorer import solve
+
+    model = _layers(count=6)
+    store = tmp_path / "frontiers.sqlite"
+    clock = iter(range(10**6))  # one second each time the solver reads it
+    monkeypatch.setattr(solve, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setenv("EXPLORER_SOLVER_TIME_LIMIT", "3")
+    where = r"not solved within 3 s .* 'layer_1' \(2 of 6\)"
+    with pytest.raises(FrontierTooLargeError, match=where):
+        solve_kept(model, store_path=store)
+    read = next(clock)
+    with pytest.raises(FrontierTooLargeError, match="kept from an earlier run"):
+        solve_kept(model, store_path=store)
+    assert next(clock) == read + 1  # the clock was not read: nothing was solved
+    monkeypatch.setenv("EXPLORER_SOLVER_TIME_LIMIT", "2")  # less time: still refused
+    with pytest.raises(FrontierTooLargeError, match="kept from an earlier run"):
+        solve_kept(model, store_path=store)
+    monkeypatch.setenv("EXPLORER_SOLVER_TIME_LIMIT", "none")
+    solved = solve_kept(model, store_path=store)
+    assert not solved.kept and solved.frontier == solve_frontier(model)
+
+
 def test_analyze_keeps_the_default_frontier_and_those_under_pins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

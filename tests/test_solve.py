@@ -612,3 +612,59 @@ def test_pruning_in_chunks_finds_the_plans_one_pass_finds(
     finally:
         solve.CANDIDATE_CHUNK = original
     assert chunked == whole
+
+
+class _Clock:
+    """A clock that moves one second each time it is read: the solver's time limit, checked
+    without waiting for it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_space_not_solved_within_the_time_limit_is_refused_naming_where(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from explorer import solve
+    from explorer.errors import FrontierTooLargeError
+
+    model = _deep_model(3)
+    monkeypatch.setattr(solve, "monotonic", _Clock())
+    monkeypatch.setenv(solve.TIME_LIMIT_VARIABLE, "4.5")
+    with pytest.raises(FrontierTooLargeError) as refused:
+        solve_frontier(model)
+    said = str(refused.value)
+    assert "not solved within 4.5 s ($EXPLORER_SOLVER_TIME_LIMIT" in said
+    assert f"of {len(model.options)}) with" in said and "partial plans over" in said
+    # the uniform solver's enumeration is bounded the same way
+    monkeypatch.setattr(solve, "UNIFORM_CHECK_EVERY", 1)
+    with pytest.raises(FrontierTooLargeError, match="common configurations tried"):
+        solve_frontier(model, uniform=True)
+    monkeypatch.setenv(solve.TIME_LIMIT_VARIABLE, "none")
+    assert solve_frontier(model).points
+
+
+@pytest.mark.parametrize("text", ["soon", "-1", "nan", "10 min"])
+def test_a_time_limit_that_is_not_seconds_is_named(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from explorer import solve
+    from explorer.errors import InputError
+
+    monkeypatch.setenv(solve.TIME_LIMIT_VARIABLE, text)
+    with pytest.raises(InputError, match=f"EXPLORER_SOLVER_TIME_LIMIT: expected .* found '{text}'"):
+        solve_frontier(_deep_model(1))
+
+
+def test_the_time_limit_reads_seconds_none_and_infinity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from explorer import solve
+
+    monkeypatch.delenv(solve.TIME_LIMIT_VARIABLE, raising=False)
+    assert solve.solver_time_limit() == solve.DEFAULT_TIME_LIMIT
+    for text, seconds in (("90", 90.0), (" 1e4 ", 1e4), ("NONE", None), ("inf", None)):
+        monkeypatch.setenv(solve.TIME_LIMIT_VARIABLE, text)
+        assert solve.solver_time_limit() == seconds
