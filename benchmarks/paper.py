@@ -30,6 +30,7 @@ from typing import Any
 from benchmarks.cases import Case, build_step
 from benchmarks.paper_grid import (
     ALPA_TIME_LIMIT,
+    APPROXIMATE_RESOLUTION,
     BASELINES,
     DEFAULT_CACHE,
     KEPT_CACHE,
@@ -154,6 +155,10 @@ def _search_cost(run: PaperRun, analysis: Any, analyse_s: float) -> dict[str, An
         # reports its cold run's
         "profiling_s": float(programs["seconds"].sum()),
         "solve_s": analysis.solve_seconds,
+        # an approximate frontier (a space too wide for the exact one): its memory resolution,
+        # and how much more memory than an exact plan its counterpart may need
+        "frontier_resolution_mib": analysis.memory_resolution / 2**20,
+        "frontier_slack_mib": analysis.frontier.memory_slack / 2**20,
         "analyse_s": analyse_s,  # trace, blocks, segments, profiling and the frontier
     }
 
@@ -231,8 +236,9 @@ def _with_wider_space(
     if run.wider.get(space.row) != "compile":
         cancel.set()  # profile nothing: a program the cache lacks cancels the analysis
     start = time.perf_counter()
-    try:
-        analysis = analyze(
+
+    def analysed(memory_resolution: int = 0) -> Any:
+        return analyze(
             step,
             *args,
             mesh=case.mesh,
@@ -242,10 +248,17 @@ def _with_wider_space(
             cancel=cancel,
             shard_parameters=space.shard_parameters,
             whole_mesh=space.whole_mesh,
+            memory_resolution=memory_resolution,
         )
+
+    try:
+        try:
+            analysis = analysed()
+        except FrontierTooLargeError:  # profiled, but too large for the exact solver
+            analysis = analysed(APPROXIMATE_RESOLUTION)
     except ProfilingCancelled:
         return None
-    except FrontierTooLargeError as err:  # profiled, but too large for the exact solver
+    except FrontierTooLargeError as err:  # too large even so
         run.skipped.append(f"{case.label}: {space.title}: {str(err).splitlines()[0]}")
         return None
     cost = _search_cost(run, analysis, time.perf_counter() - start)

@@ -25,6 +25,10 @@ DEFAULT_CACHE = Path("~/.cache/explorer/paper-profiles.sqlite")  # the quick gri
 # what earlier ones profiled instead of starting cold (a cold case takes 4-62 min on 2 cores).
 KEPT_CACHE = PAPER_DIR / "kept" / "profiles.sqlite"
 ALPA_TIME_LIMIT = 600.0  # seconds, as Alpa's own auto-sharding solver
+# A wider space whose exact frontier the solver refuses (its time or memory limit) is solved
+# again approximately, in units of this much memory at its heaviest steps
+# (`analyze(memory_resolution=...)`); the report says how far from exact each such frontier is.
+APPROXIMATE_RESOLUTION = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)

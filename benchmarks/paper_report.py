@@ -230,6 +230,7 @@ def _wider_space_lines(frame: pd.DataFrame, done: int, space: WiderSpace) -> lis
         return lines
     lines += [*(f"- {line}" for line in goals(wider)), ""]
     lines += [markdown(headline(wider)), markdown(case_table(wider))]
+    lines += _approximate_lines(wider)
     on_gpu = judged_on_gpu(frame, space.gpu_row)
     if not on_gpu.empty:
         lines += [
@@ -241,6 +242,23 @@ def _wider_space_lines(frame: pd.DataFrame, done: int, space: WiderSpace) -> lis
             markdown(case_table(on_gpu)),
         ]
     return lines
+
+
+def _approximate_lines(wider: pd.DataFrame) -> list[str]:
+    """The cases whose frontier was solved approximately, and how far from exact it may be."""
+    if "frontier_slack_mib" not in wider:
+        return []
+    rows = wider[(wider["plan"] == "cfp") & (wider["frontier_slack_mib"] > 0)]
+    return [
+        f"Approximate frontier: **{row.case}**. Its exact frontier is too large for the "
+        "solver's limits, so it was solved comparing memory in units of "
+        f"{row.frontier_resolution_mib:.0f} MiB at its heaviest steps: every plan of the exact "
+        f"frontier has one in it no slower needing less than {row.frontier_slack_mib:.0f} MiB "
+        "more. Time is never rounded, so its fastest plan is as fast as the exact space's; a "
+        "plan chosen under a budget is as fast as the exact one's for that budget less the "
+        "slack.\n"
+        for row in rows.itertuples()
+    ]
 
 
 def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -> Path:

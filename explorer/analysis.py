@@ -245,6 +245,8 @@ class Analysis(SegmentedStep):
     default_solve: SolvedFrontier
     # where frontiers under pins are kept too (`frontier_store`); None: nowhere
     frontier_store: Path | None = None
+    # bytes: every frontier's, where the space is too wide to solve exactly (`analyze`)
+    memory_resolution: int = 0
 
     @property
     def profiled(self) -> bool:
@@ -308,7 +310,13 @@ class Analysis(SegmentedStep):
         uniform = has_loops if uniform is None else uniform
         if not pinned and uniform == has_loops:
             return self.frontier
-        return solve_kept(self.cost_model, pinned, uniform, store_path=self.frontier_store).frontier
+        return solve_kept(
+            self.cost_model,
+            pinned,
+            uniform,
+            store_path=self.frontier_store,
+            memory_resolution=self.memory_resolution,
+        ).frontier
 
     def plan_of(self, selection: Sequence[int], source: str = "manual") -> Plan:
         """The plan that takes option `selection[n]` (an index into the profiled

@@ -19,7 +19,7 @@ from typing import Any
 from explorer import models
 from explorer.cluster.join import add_cluster_arguments
 from explorer.errors import ExplorerError, InputError, ProfilingCancelled
-from explorer.units import parse_bytes
+from explorer.units import format_bytes, parse_bytes
 
 # The exit status of a run stopped by Ctrl-C, as shells report a process ended by SIGINT.
 INTERRUPTED = 130
@@ -47,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan.add_argument("--no-profile", action="store_true", help="stop after segmentation")
     plan.add_argument(
         "--budget", default=None, help="memory per device, e.g. 8GiB, 512MiB, 1.5GB or 64MB"
+    )
+    plan.add_argument(
+        "--memory-resolution",
+        default="0",
+        help="solve a space too wide for the exact frontier approximately, comparing memory "
+        "in units of this (e.g. 64MiB); the frontier says how far from exact it may be",
     )
     plan.add_argument(
         "--gpu-memory",
@@ -258,6 +264,7 @@ def _plan(args: argparse.Namespace) -> int:
 
     # what can be checked without the model is checked before minutes of profiling
     budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
+    resolution = parse_bytes(args.memory_resolution, "--memory-resolution")
     out = writable_path(args.out, "--out") if args.out is not None else None
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
@@ -288,6 +295,7 @@ def _plan(args: argparse.Namespace) -> int:
             cache=None if args.no_cache else args.cache,
             profile=not args.no_profile,
             cancel=cancel,
+            memory_resolution=resolution,
         )
     print(f"{args.model} {args.preset}: {model.config}")
     print(analysis.summary())
@@ -296,6 +304,11 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     _print_best(analysis.profiles)
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
+    if analysis.frontier.memory_slack:
+        print(
+            "  approximate: every plan of the exact frontier has one here no slower within "
+            f"{format_bytes(analysis.frontier.memory_slack)} more memory"
+        )
     from explorer.target_memory import fastest_plan_on_gpu, target_memory
 
     fit = None

@@ -75,11 +75,14 @@ def frontier_store_path(profile_cache: Path | None) -> Path | None:
     return None if profile_cache is None else profile_cache.with_suffix(".frontiers.sqlite")
 
 
-def question_digest(model: CostModel, pins: Pins | None, uniform: bool) -> str:
-    """A digest of everything that decides `solve_frontier(model, pins, uniform)`."""
+def question_digest(
+    model: CostModel, pins: Pins | None, uniform: bool, memory_resolution: int = 0
+) -> str:
+    """A digest of everything that decides `solve_frontier(model, pins, uniform,
+    memory_resolution)`."""
     hasher = hashlib.sha256()
     given = tuple(sorted((n, tuple(sorted(m.items()))) for n, m in (pins or {}).items()))
-    hasher.update(repr((_CODE, uniform, given)).encode())
+    hasher.update(repr((_CODE, uniform, given, memory_resolution)).encode())
     # instances of one type share one tuple of options (the uniform solver groups by it):
     # the digest names each type once and then refers to it by its index
     types: dict[int, int] = {}
@@ -127,6 +130,7 @@ class FrontierStore(KeptRows):
                 "memory": [p.memory for p in points],
                 # a frontier's plans differ in a few instances each: they pack well
                 "selections": base64.b64encode(zlib.compress(selections.encode(), 9)).decode(),
+                "memory_slack": solved.frontier.memory_slack,
                 "seconds": solved.seconds,
             },
         )
@@ -161,7 +165,8 @@ def _frontier_from(
         if model.time(chosen) != kept_time or model.memory(chosen) != kept_memory:
             raise ValueError("a kept plan is priced otherwise by the cost model")
         points.append(FrontierPoint(float(kept_time), int(kept_memory), chosen))
-    return SolvedFrontier(Frontier(tuple(points)), float(fields["seconds"]), kept=True)
+    frontier = Frontier(tuple(points), int(fields["memory_slack"]))
+    return SolvedFrontier(frontier, float(fields["seconds"]), kept=True)
 
 
 def solve_kept(
@@ -170,10 +175,14 @@ def solve_kept(
     uniform: bool = False,
     *,
     store_path: Path | None = None,
+    memory_resolution: int = 0,
 ) -> SolvedFrontier:
-    """`solve_frontier(model, pins, uniform)`, read from the store at `store_path` where it
-    holds the answer, else solved and kept there (`store_path=None`: solved, kept nowhere)."""
-    question = question_digest(model, pins, uniform) if store_path is not None else ""
+    """`solve_frontier(model, pins, uniform, memory_resolution)`, read from the store at
+    `store_path` where it holds the answer, else solved and kept there (`store_path=None`:
+    solved, kept nowhere)."""
+    question = (
+        question_digest(model, pins, uniform, memory_resolution) if store_path is not None else ""
+    )
     store = _opened(store_path)
     try:
         if store is not None:
@@ -188,7 +197,7 @@ def solve_kept(
                 return found
         start = time.perf_counter()
         try:
-            frontier = solve_frontier(model, pins, uniform)
+            frontier = solve_frontier(model, pins, uniform, memory_resolution)
         except FrontierTooLargeError as refusal:
             if store is not None:
                 try:

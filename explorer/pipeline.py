@@ -20,6 +20,7 @@ from explorer.mesh import MeshLike
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
 from explorer.space import step_space
 from explorer.trace import ArgRoles, trace
+from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
     from explorer.platforms import PlatformLike
@@ -41,6 +42,7 @@ def analyze(
     free_axes: bool = ...,
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
+    memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
     workers: int | None = ...,
@@ -62,6 +64,7 @@ def analyze(
     free_axes: bool = ...,
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
+    memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
     workers: int | None = ...,
@@ -82,6 +85,7 @@ def analyze(
     free_axes: bool = False,
     whole_mesh: bool = False,
     shard_parameters: bool = False,
+    memory_resolution: BytesLike = 0,
     arg_roles: ArgRoles | None = None,
     config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = None,
@@ -103,6 +107,9 @@ def analyze(
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
     it accepts, for a quick look at part of the space. Setting `cancel` stops profiling:
     what finished stays in the cache and `ProfilingCancelled` says how much.
+    `memory_resolution` (bytes, or `"64MiB"`) solves a space too wide for the exact frontier
+    (`FrontierTooLargeError`) approximately: the frontier may miss exact plans, but holds one no
+    slower within `frontier.memory_slack` more memory of each (`solve_frontier`).
 
     Every argument is checked before the step is traced (an `InputError` naming it), and
     the mesh against the blocks before anything is profiled: a `MeshFitError` when no block
@@ -122,6 +129,7 @@ def analyze(
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
     )
+    resolution = int(parse_bytes(memory_resolution, "memory_resolution"))
     graph = trace(step, *args, arg_roles=arg_roles)
     check_platform_peaks(graph, target)
     blocks = step_space(
@@ -171,6 +179,9 @@ def analyze(
         profiled,
         model,
         # uniform for a step with a scan: see Analysis.plan
-        solve_kept(model, uniform=bool(graph.loops), store_path=kept_at),
+        solve_kept(
+            model, uniform=bool(graph.loops), store_path=kept_at, memory_resolution=resolution
+        ),
         kept_at,
+        resolution,
     )

@@ -182,6 +182,25 @@ def test_a_frontier_over_the_solver_s_time_is_refused_and_kept_until_given_more_
     assert not solved.kept and solved.frontier == solve_frontier(model)
 
 
+def test_an_approximate_frontier_is_kept_apart_from_the_exact_one_with_its_slack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from explorer import solve
+
+    monkeypatch.setattr(solve, "APPROXIMATE_ABOVE", 0)  # every step compares in units
+    model = _layers(count=6)
+    store = tmp_path / "frontiers.sqlite"
+    exact = solve_kept(model, store_path=store)
+    coarse = solve_kept(model, store_path=store, memory_resolution=8)
+    assert not coarse.kept and coarse.frontier.memory_slack == 8 * 6
+    assert coarse.frontier != exact.frontier  # 10 and 4 bytes an instance: units of 8 merge
+    again = solve_kept(model, store_path=store, memory_resolution=8)
+    assert again.kept and again.frontier == coarse.frontier
+    assert again.frontier.memory_slack == 8 * 6
+    kept_exact = solve_kept(model, store_path=store)
+    assert kept_exact.kept and kept_exact.frontier == exact.frontier
+
+
 def test_analyze_keeps_the_default_frontier_and_those_under_pins(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -218,3 +237,14 @@ def test_analyze_keeps_the_default_frontier_and_those_under_pins(
     unkept = ex.analyze(mlp_step, *args, mesh=(4,), cache=None, progress=False)
     assert unkept.frontier_store is None and not unkept.frontier_kept  # no file, nothing kept
     assert unkept.frontier_for(pins) == pinned
+    # a memory resolution is another question, kept apart, and the pinned frontiers ask it too
+    # (this step is far too small for any step to be compared in units: exact, no slack)
+    coarse = ex.analyze(
+        mlp_step, *args, mesh=(4,), cache=cache, progress=False, memory_resolution="1MiB"
+    )
+    assert coarse.memory_resolution == 2**20 and not coarse.frontier_kept
+    assert coarse.frontier == first.frontier and coarse.frontier.memory_slack == 0
+    assert coarse.frontier_for(pins) == pinned
+    with sqlite3.connect(tmp_path / "profiles.frontiers.sqlite") as db:
+        (rows,) = db.execute("SELECT count(*) FROM frontiers").fetchone()
+    assert rows == 4

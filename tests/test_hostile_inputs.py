@@ -264,6 +264,20 @@ ROWS: tuple[Row, ...] = (
     Row("free_axes=1", lambda w: w.analyze(free_axes=1), InputError, "free_axes", True),
     Row("whole_mesh=None", lambda w: w.analyze(whole_mesh=None), InputError, "whole_mesh", True),
     Row(
+        "memory_resolution='fine'",
+        lambda w: w.analyze(memory_resolution="fine"),
+        BytesError,
+        "memory_resolution",
+        True,
+    ),
+    Row(
+        "memory_resolution=-1",
+        lambda w: w.analyze(memory_resolution=-1),
+        BytesError,
+        "memory_resolution",
+        True,
+    ),
+    Row(
         "shard_parameters='yes'",
         lambda w: w.analyze(shard_parameters="yes"),
         InputError,

@@ -668,3 +668,38 @@ def test_the_time_limit_reads_seconds_none_and_infinity(monkeypatch: pytest.Monk
     for text, seconds in (("90", 90.0), (" 1e4 ", 1e4), ("NONE", None), ("inf", None)):
         monkeypatch.setenv(solve.TIME_LIMIT_VARIABLE, text)
         assert solve.solver_time_limit() == seconds
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(chains().map(_dyadic), sharing_chains()), st.integers(1, 40))
+def test_a_memory_resolution_keeps_for_every_exact_plan_one_no_slower_within_its_slack(
+    model: CostModel, resolution: int
+) -> None:
+    """Compared in units of memory at every step (the threshold lowered to 0), the frontier
+    names real, consistent plans, says it is approximate by the resolution times the steps,
+    and holds for each plan of the exact frontier one no slower within that much memory. On
+    spaces this small the default threshold leaves every step exact."""
+    from explorer import solve
+
+    try:
+        exact = solve_frontier(model)
+    except AnalysisError:
+        return  # no consistent plan: the dead end is tested above
+    assert exact.memory_slack == 0
+    assert solve_frontier(model, memory_resolution=resolution) == exact
+    original = solve.APPROXIMATE_ABOVE
+    solve.APPROXIMATE_ABOVE = 0
+    try:
+        coarse = solve_frontier(model, memory_resolution=resolution)
+    finally:
+        solve.APPROXIMATE_ABOVE = original
+    assert coarse.memory_slack == resolution * len(model.options)
+    for point in coarse.points:
+        assert model.inconsistency(point.selection) is None
+        assert point.time == model.time(point.selection)
+        assert point.memory == model.memory(point.selection)
+    for wanted in exact.points:
+        assert any(
+            found.time <= wanted.time and found.memory < wanted.memory + coarse.memory_slack
+            for found in coarse.points
+        ), (wanted, coarse.points)

@@ -121,3 +121,18 @@ def test_the_op_layout_orders_each_layer_by_its_producers() -> None:
             program = sum(abs(naive[a] - naive[b]) for a, b in layout.edges)
             print(f"{instance.label}: edges cross {ours:.0f} rows, {program:.0f} in program order")
             assert ours < program, instance.label
+
+
+def test_an_approximate_frontier_says_how_far_from_exact_it_may_be() -> None:
+    from explorer.solve import Frontier, FrontierPoint
+
+    points = (FrontierPoint(2.0, 2**30, (0,)), FrontierPoint(1.0, 2 * 2**30, (1,)))
+    view = FrontierView()
+    view.show(frontier_data(Frontier(points), None, None, note="pinned", unit=style.GIB))
+    assert view.figure.layout.title.text == "2 Pareto-optimal plans (pinned)"
+    coarse = Frontier(points, memory_slack=3 * 2**29)
+    view.show(frontier_data(coarse, None, None, note="pinned", unit=style.GIB))
+    assert view.figure.layout.title.text == (
+        "2 Pareto-optimal plans (approximate: each exact plan has one here no slower within "
+        "1.5 GiB more; pinned)"
+    )
