@@ -192,7 +192,7 @@ def solve_kept(
                 _not_kept(store_path, "read", err)
                 found = None
             if isinstance(found, FrontierTooLargeError):
-                raise found
+                raise _hinted(found, memory_resolution) from None
             if found is not None:
                 return found
         start = time.perf_counter()
@@ -204,7 +204,7 @@ def solve_kept(
                     store.put_refusal(question, refusal, time.perf_counter() - start)
                 except sqlite3.Error as err:
                     _not_kept(store_path, "written", err)
-            raise
+            raise _hinted(refusal, memory_resolution) from None
         solved = SolvedFrontier(frontier, time.perf_counter() - start, kept=False)
         if store is not None:
             try:
@@ -215,6 +215,16 @@ def solve_kept(
     finally:
         if store is not None:
             store.close()
+
+
+def _hinted(refusal: FrontierTooLargeError, memory_resolution: int) -> FrontierTooLargeError:
+    """The refusal of an exact solve, with the way to an approximate one."""
+    if memory_resolution:
+        return refusal
+    return FrontierTooLargeError(
+        f"{refusal} Or solve it approximately, within a stated bound: "
+        "analyze(..., memory_resolution='64MiB') (explorer plan --memory-resolution 64MiB)."
+    )
 
 
 def _raised(now: float | None, then: float | None) -> bool:
