@@ -73,7 +73,8 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     analysis = analyze(
         step, *args, mesh=case.mesh, platform=platform, cache=run.cache, progress=False
     )
-    cost = _search_cost(run, analysis, time.perf_counter() - start)
+    cost = _search_cost(analysis, time.perf_counter() - start)
+    run.frontiers_kept += analysis.frontier_kept
     plans: dict[str, Any] = {}
     notes: dict[str, str] = {}
     fitting = [p.time for p in analysis.frontier.points if p.memory <= capacity]
@@ -141,13 +142,12 @@ def _cfp_plan(
         )
 
 
-def _search_cost(run: PaperRun, analysis: Any, analyse_s: float) -> dict[str, Any]:
+def _search_cost(analysis: Any, analyse_s: float) -> dict[str, Any]:
     """What finding the case's plans cost: its programs, and the seconds they took."""
     from explorer.profile.runner import distinct_programs
 
     table = analysis.profiles
     programs = table[table["program"] != ""].drop_duplicates("program")
-    run.frontiers_kept += analysis.frontier_kept
     return {
         "programs": distinct_programs(table),  # a boundary where nothing moves has none
         "programs_from_cache": distinct_programs(table[table["cached"]]),
@@ -261,7 +261,8 @@ def _with_wider_space(
     except FrontierTooLargeError as err:  # too large even so
         run.skipped.append(f"{case.label}: {space.title}: {str(err).splitlines()[0]}")
         return None
-    cost = _search_cost(run, analysis, time.perf_counter() - start)
+    cost = _search_cost(analysis, time.perf_counter() - start)
+    run.frontiers_kept += analysis.frontier_kept
     mine: dict[str, Any] = {}
     _cfp_plan(analysis, space.row, capacity, plans=mine, notes=notes)
     gpu.update(
