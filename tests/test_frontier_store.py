@@ -171,7 +171,7 @@ def test_a_frontier_over_the_solver_s_time_is_refused_and_kept_until_given_more_
     with pytest.raises(FrontierTooLargeError, match=where + r".* memory_resolution='64MiB'"):
         solve_kept(model, store_path=store)
     read = next(clock)
-    with pytest.raises(FrontierTooLargeError, match="kept from an earlier run.* approximately"):
+    with pytest.raises(FrontierTooLargeError, match=r"kept from an earlier run.* approximately"):
         solve_kept(model, store_path=store)
     assert next(clock) == read + 1  # the clock was not read: nothing was solved
     monkeypatch.setenv("EXPLORER_SOLVER_TIME_LIMIT", "2")  # less time: still refused
