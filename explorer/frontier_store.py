@@ -192,7 +192,7 @@ def solve_kept(
                 _not_kept(store_path, "read", err)
                 found = None
             if isinstance(found, FrontierTooLargeError):
-                raise _hinted(found, memory_resolution) from None
+                raise _hinted(found, memory_resolution, uniform) from None
             if found is not None:
                 return found
         start = time.perf_counter()
@@ -204,7 +204,7 @@ def solve_kept(
                     store.put_refusal(question, refusal, time.perf_counter() - start)
                 except sqlite3.Error as err:
                     _not_kept(store_path, "written", err)
-            raise _hinted(refusal, memory_resolution) from None
+            raise _hinted(refusal, memory_resolution, uniform) from None
         solved = SolvedFrontier(frontier, time.perf_counter() - start, kept=False)
         if store is not None:
             try:
@@ -217,9 +217,12 @@ def solve_kept(
             store.close()
 
 
-def _hinted(refusal: FrontierTooLargeError, memory_resolution: int) -> FrontierTooLargeError:
-    """The refusal of an exact solve, with the way to an approximate one."""
-    if memory_resolution:
+def _hinted(
+    refusal: FrontierTooLargeError, memory_resolution: int, uniform: bool
+) -> FrontierTooLargeError:
+    """The refusal of an exact solve, with the way to an approximate one (the chain's: the
+    uniform solver enumerates common configurations, which no resolution makes fewer)."""
+    if memory_resolution or uniform:
         return refusal
     return FrontierTooLargeError(
         f"{refusal} Or solve it approximately, within a stated bound: "

@@ -180,6 +180,13 @@ def test_a_frontier_over_the_solver_s_time_is_refused_and_kept_until_given_more_
     monkeypatch.setenv("EXPLORER_SOLVER_TIME_LIMIT", "none")
     solved = solve_kept(model, store_path=store)
     assert not solved.kept and solved.frontier == solve_frontier(model)
+    # the uniform solver enumerates: no memory resolution helps it, and none is suggested
+    monkeypatch.setattr(solve, "UNIFORM_CHECK_EVERY", 1)
+    monkeypatch.setenv("EXPLORER_SOLVER_TIME_LIMIT", "0")
+    with pytest.raises(FrontierTooLargeError) as refused:
+        solve_kept(model, uniform=True, store_path=store)
+    assert "not solved within 0 s" in str(refused.value)
+    assert "memory_resolution" not in str(refused.value)
 
 
 def test_an_approximate_frontier_is_kept_apart_from_the_exact_one_with_its_slack(
