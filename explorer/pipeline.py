@@ -107,9 +107,11 @@ def analyze(
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
     it accepts, for a quick look at part of the space. Setting `cancel` stops profiling:
     what finished stays in the cache and `ProfilingCancelled` says how much.
-    `memory_resolution` (bytes, or `"64MiB"`) solves a space too wide for the exact frontier
-    (`FrontierTooLargeError`) approximately: the frontier may miss exact plans, but holds one no
-    slower within `frontier.memory_slack` more memory of each (`solve_frontier`).
+    `memory_resolution` (bytes, or `"64MiB"`) is for a space too wide for the exact frontier
+    (`FrontierTooLargeError`): the solver's heavy steps (over `solve.APPROXIMATE_ABOVE`
+    candidate partial plans) compare memory in units of it, so the frontier may miss exact
+    plans, but holds one no slower within `frontier.memory_slack` more memory of each
+    (`solve_frontier`); a space with no heavy step is solved exactly all the same.
 
     Every argument is checked before the step is traced (an `InputError` naming it), and
     the mesh against the blocks before anything is profiled: a `MeshFitError` when no block
