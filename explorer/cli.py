@@ -305,10 +305,7 @@ def _plan(args: argparse.Namespace) -> int:
     _print_best(analysis.profiles)
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
     if analysis.frontier.memory_slack:
-        print(
-            "  approximate: every plan of the exact frontier has one here no slower within "
-            f"{format_bytes(analysis.frontier.memory_slack)} more memory"
-        )
+        print(f"  {analysis.frontier.approximation(format_bytes)}")
     from explorer.target_memory import fastest_plan_on_gpu, target_memory
 
     fit = None

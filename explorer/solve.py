@@ -14,6 +14,12 @@ every Pareto-optimal plan, and every one is consistent (one real program). A dep
 a few instances (a tied parameter, a residual skip), so few shared blocks are open at any cut
 and the classes stay few however deep the chain. Segments of one type may take different
 configurations. A budget query is a binary search on the frontier.
+
+Two bounds keep a space too wide from running away: a time limit and a memory limit, past
+which the space is refused (`FrontierTooLargeError`) rather than solved for hours or swapped.
+Such a space can still be solved approximately, with a memory resolution: at its heaviest
+steps plans whose memory differs by less than the resolution stand for each other, and the
+frontier states the bound this costs (`Frontier.memory_slack`). Time is never rounded.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 from explorer.cost import CostModel, Option
 from explorer.errors import AnalysisError, FrontierTooLargeError, InputError, NoPlanFitsError
 from explorer.pareto import _pareto, _skyline
-from explorer.units import memory_limit
+from explorer.units import format_bytes, memory_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +60,16 @@ class Frontier:
 
     points: tuple[FrontierPoint, ...]
     memory_slack: int = 0
+
+    def approximation(self, formatted: Callable[[int], str]) -> str:
+        """What an approximate frontier promises, its slack given by `formatted` (a byte
+        count as text); "" for the exact frontier."""
+        if not self.memory_slack:
+            return ""
+        return (
+            "approximate: every plan of the exact frontier has one here no slower within "
+            f"{formatted(self.memory_slack)} more memory"
+        )
 
     def __post_init__(self) -> None:
         for a, b in itertools.pairwise(self.points):
@@ -117,7 +133,8 @@ def solve_frontier(
     Each such step may cost the plans after it less than r bytes, never time, so the frontier
     says how far from the exact one it may be (`Frontier.memory_slack`: r times those steps).
     """
-    deadline = _Deadline(model, solver_time_limit())
+    # the uniform solver takes no resolution: its refusals say "exactly" whatever was asked
+    deadline = _Deadline(model, solver_time_limit(), 0 if uniform else memory_resolution)
     sharing = _sharing(model)
     allowed = _allowed(model, pins or {}, sharing, uniform)
     if not uniform:
@@ -377,7 +394,9 @@ def _chain(
                 holds, reached = holds // unit, reached // unit
             keep = _skyline(group, times, holds, reached)
             survivors = tuple(column[keep] for column in candidates)
-            _check_room(model, n, survivors, history_bytes, limit)
+            _check_room(
+                model, n, survivors, history_bytes, limit, memory_resolution=memory_resolution
+            )
             deadline.check(n, len(survivors[0]), len(classes))
         plan, option, of_class, time, held, total = survivors
         history.append((plan, ids[option]))
@@ -426,9 +445,10 @@ def solver_time_limit() -> float | None:
 class _Deadline:
     """The solver's time limit: `check` refuses the space once it is past, saying where."""
 
-    def __init__(self, model: CostModel, limit: float | None) -> None:
+    def __init__(self, model: CostModel, limit: float | None, memory_resolution: int) -> None:
         self.model = model
         self.limit = limit
+        self.memory_resolution = memory_resolution
         self.start = monotonic()
 
     def check(self, n: int, plans: int, classes: int) -> None:
@@ -444,12 +464,24 @@ class _Deadline:
             else f"{plans:,} partial common configurations tried"
         )
         raise FrontierTooLargeError(
-            f"the frontier of this space is too large to solve exactly: it was not solved "
-            f"within {self.limit:g} s (${TIME_LIMIT_VARIABLE}; 'none' for no limit). It had "
-            f"reached segment instance {where} with "
-            f"{alive}. Narrow the space (pins, a smaller config_cap, without whole_mesh or "
-            "shard_parameters) or raise the limit."
+            f"{_too_large(self.memory_resolution)}: it was not solved within {self.limit:g} s "
+            f"(${TIME_LIMIT_VARIABLE}; 'none' for no limit). It had reached segment instance "
+            f"{where} with {alive}. {_NARROW} or raise the limit."
         )
+
+
+# What every refusal offers the user first: a space with fewer configurations.
+_NARROW = "Narrow the space (pins, a smaller config_cap, without whole_mesh or shard_parameters)"
+
+
+def _too_large(memory_resolution: int) -> str:
+    """How a refusal opens: an approximate solve was refused too, and says at what resolution."""
+    if not memory_resolution:
+        return "the frontier of this space is too large to solve exactly"
+    return (
+        "the frontier of this space is too large to solve even with a memory resolution of "
+        f"{format_bytes(memory_resolution)}"
+    )
 
 
 # The partial plans alive at once, as a multiple of their own arrays: the next chunk's
@@ -463,6 +495,8 @@ def _check_room(
     survivors: tuple[np.ndarray, ...],
     history_bytes: int,
     limit: int | None,
+    *,
+    memory_resolution: int,
 ) -> None:
     """Refuse to go on where the partial plans would outgrow `limit` bytes."""
     alive = sum(column.nbytes for column in survivors)
@@ -470,12 +504,11 @@ def _check_room(
     if limit is None or needed <= limit:
         return
     raise FrontierTooLargeError(
-        f"the frontier of this space is too large to solve exactly: at segment instance "
-        f"{model.labels[n]!r} ({n + 1} of {len(model.options)}), {len(survivors[0]):,} partial "
-        f"plans survive, and with those before them the solver would hold about "
-        f"{_gib(needed)}, over its {_gib(limit)} (${MEMORY_LIMIT_VARIABLE}, by default half "
-        "of this machine's memory). Narrow the space (pins, a smaller config_cap, without "
-        "whole_mesh or shard_parameters) or raise the limit on a larger machine."
+        f"{_too_large(memory_resolution)}: at segment instance {model.labels[n]!r} "
+        f"({n + 1} of {len(model.options)}), {len(survivors[0]):,} partial plans survive, and "
+        f"with those before them the solver would hold about {_gib(needed)}, over its "
+        f"{_gib(limit)} (${MEMORY_LIMIT_VARIABLE}, by default half of this machine's memory). "
+        f"{_NARROW} or raise the limit on a larger machine."
     )
 
 

@@ -640,10 +640,14 @@ def test_a_space_not_solved_within_the_time_limit_is_refused_naming_where(
     said = str(refused.value)
     assert "not solved within 4.5 s ($EXPLORER_SOLVER_TIME_LIMIT" in said
     assert f"of {len(model.options)}) with" in said and "partial plans over" in said
-    # the uniform solver's enumeration is bounded the same way
+    assert "too large to solve exactly" in said
+    # an approximate solve refused says so, at its resolution, not "exactly"
+    with pytest.raises(FrontierTooLargeError, match="even with a memory resolution of 64 MiB"):
+        solve_frontier(model, memory_resolution=64 * 2**20)
+    # the uniform solver's enumeration is bounded the same way; it takes no resolution
     monkeypatch.setattr(solve, "UNIFORM_CHECK_EVERY", 1)
-    with pytest.raises(FrontierTooLargeError, match="common configurations tried"):
-        solve_frontier(model, uniform=True)
+    with pytest.raises(FrontierTooLargeError, match=r"exactly: .*common configurations tried"):
+        solve_frontier(model, uniform=True, memory_resolution=64 * 2**20)
     monkeypatch.setenv(solve.TIME_LIMIT_VARIABLE, "none")
     assert solve_frontier(model).points
 

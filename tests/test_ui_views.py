@@ -133,6 +133,6 @@ def test_an_approximate_frontier_says_how_far_from_exact_it_may_be() -> None:
     coarse = Frontier(points, memory_slack=3 * 2**29)
     view.show(frontier_data(coarse, None, None, note="pinned", unit=style.GIB))
     assert view.figure.layout.title.text == (
-        "2 Pareto-optimal plans (approximate: each exact plan has one here no slower within "
-        "1.5 GiB more; pinned)"
+        "2 Pareto-optimal plans (approximate: every plan of the exact frontier has one here "
+        "no slower within 1.5 GiB more memory; pinned)"
     )

@@ -39,9 +39,8 @@ def frontier_data(
     """`current`/`others` as (memory bytes, time seconds). An approximate frontier (a memory
     resolution: `analyze`) says how far from the exact one it may be in the note."""
     points = frontier.points if frontier is not None else ()
-    if frontier is not None and frontier.memory_slack:
-        slack = unit.text(frontier.memory_slack)
-        within = f"approximate: each exact plan has one here no slower within {slack} more"
+    within = frontier.approximation(unit.text) if frontier is not None else ""
+    if within:
         note = f"{within}; {note}" if note else within
     return FrontierData(
         memory=tuple(unit.of(p.memory) for p in points),
