@@ -8,7 +8,10 @@ nil), for paper-scale models cut to a few layers:
 - `compiled`: the compile-only backend on the same GPU (XLA:GPU's optimised HLO, cost and
   memory analyses priced on the platform's roofline) against the same measured step;
 - `memory`: the whole step's memory as XLA:GPU's memory analysis gives it, with and without
-  rematerialisation, and (with `--peaks`) the GPU allocator's peak while it runs.
+  rematerialisation, and (with `--peaks`) the GPU allocator's peak while it runs;
+- `overhead`: what the measured backend times for programs that do next to nothing (one
+  input, and as many inputs as a layer program has): the cost every segment program pays
+  and a whole step pays once. Composed profiles of many short programs overcount it.
 
 With `--predict-only` the same cases run compile-only on this machine's devices (XLA:CPU), as
 a user plans on a laptop: their predictions are compared with the GPU's truth afterwards.
@@ -163,6 +166,31 @@ def allocator_peak(case: Case, remat: bool) -> dict[str, Any]:
 
 Case = tuple[str, str, int, int]
 
+# inputs of the near-empty programs: one, and about as many as a layer program takes (its
+# parameters, their optimizer moments and the activations it reads)
+OVERHEAD_INPUTS = (1, 64)
+
+
+def dispatch_overhead(platform: str) -> dict[str, Any]:
+    """The measured backend's time for near-empty programs (each input plus one, 8 elements),
+    timed exactly as a segment program is (`profile.backends.measure`)."""
+    import jax
+    import jax.numpy as jnp
+
+    from explorer.mesh import mesh_spec
+    from explorer.platforms import load_platform
+    from explorer.profile.backends import measure
+
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = load_platform(platform)
+    fields: dict[str, Any] = {}
+    for count in OVERHEAD_INPUTS:
+        inputs = tuple(jax.ShapeDtypeStruct((8,), jnp.bfloat16, sharding=one) for _ in range(count))
+        compiled = jax.jit(lambda *xs: tuple(x + 1 for x in xs)).lower(*inputs).compile()
+        profile = measure(compiled, inputs, target, mesh_spec((1,)))
+        fields[f"inputs_{count}_s"] = profile.t_comm + profile.t_comp
+    return fields
+
 
 def plan_against_truth(case: Case, backend: str, platform: str) -> dict[str, Any]:
     """Profile the unsplit configurations with `backend`, compose the plan, and evaluate the
@@ -192,6 +220,7 @@ def plan_against_truth(case: Case, backend: str, platform: str) -> dict[str, Any
     rows = rows[rows["status"] == "ok"]
     return {
         "programs": len(rows),
+        "instances": len(analysis.cost_model.labels),
         "profiling_s": profiled_s,
         "predicted_s": plan.time,
         "predicted_memory": plan.memory,
@@ -225,6 +254,39 @@ def _error(predicted: float, truth: float) -> str:
     return f"{(predicted - truth) / truth * 100:+.1f} %"
 
 
+def _overhead_table(gpu: list[dict[str, Any]]) -> list[str]:
+    """Each measured row after an `overhead` row of its run and case: the composed profiles
+    less what all but one of its segment instances pay again (the 64-input program's time)."""
+    out = [
+        "",
+        "Near-empty programs, timed as a segment program is, and the composed profiles less",
+        f"(instances - 1) times the {OVERHEAD_INPUTS[-1]}-input one (what the whole step pays "
+        "once):",
+        "",
+        f"| run | model | {OVERHEAD_INPUTS[0]} input us | {OVERHEAD_INPUTS[-1]} inputs us "
+        "| instances | composed less overhead ms | step ms | error |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    overhead: dict[tuple[str, str], dict[str, Any]] = {}
+    shown = 0
+    for r in gpu:
+        if r["phase"] == "overhead":
+            overhead[(r["run"], r["preset"])] = r
+            continue
+        before = overhead.get((r["run"], r["preset"]))
+        if r["phase"] != "measured" or before is None or "instances" not in r:
+            continue
+        each = before[f"inputs_{OVERHEAD_INPUTS[-1]}_s"]
+        composed = r["predicted_s"] - (r["instances"] - 1) * each
+        out.append(
+            f"| {r['run']} | {r['preset']} | {before[f'inputs_{OVERHEAD_INPUTS[0]}_s'] * 1e6:.0f} "
+            f"| {each * 1e6:.0f} | {r['instances']} | {_ms(composed)} | {_ms(r['evaluated_s'])} "
+            f"| {_error(composed, r['evaluated_s'])} |"
+        )
+        shown += 1
+    return out if shown else []
+
+
 def summarise(folder: Path) -> str:
     """Markdown tables of every run kept in `folder` (one `.jsonl` file a run)."""
     rows = [r for r in _rows(folder) if "error" not in r]
@@ -244,6 +306,7 @@ def summarise(folder: Path) -> str:
             f"| {r['run']} | {r['preset']} | {_ms(r['predicted_s'])} | {_ms(r['evaluated_s'])} "
             f"| {_error(r['predicted_s'], r['evaluated_s'])} | {spread:.2f}x |"
         )
+    out += _overhead_table(gpu)
     truth: dict[str, list[float]] = {}
     for r in (r for r in gpu if r["phase"] == "measured"):
         truth.setdefault(r["preset"], []).append(r["evaluated_s"])
@@ -335,6 +398,8 @@ def main() -> None:
             (backend, functools.partial(plan_against_truth, case, backend, platform))
             for backend in (("compiled",) if args.predict_only else ("measured", "compiled"))
         ]
+        if not args.predict_only:
+            phases.insert(0, ("overhead", functools.partial(dispatch_overhead, platform)))
         phases += [
             (f"memory remat={remat}", functools.partial(step_memory, case, remat))
             for remat in (False, True)
