@@ -553,17 +553,25 @@ def _measured_tiny_gpt(**options: Any) -> Profiles:
     )
 
 
-def test_measured_runs_on_the_devices_and_abandons_hopeless_programs() -> None:
+def test_measured_runs_on_the_devices_and_abandons_hopeless_programs(tmp_path: Path) -> None:
     """Eight virtual CPU devices: real runs, and the dynamic limit records what it cut. A
-    resharding is never cut: its neighbours' strategies force it, it does not compete."""
+    resharding is never cut: its neighbours' strategies force it, it does not compete.
+    Measured profiles are kept under the measured backend's version (what they hold: times
+    less the launch), so profiles timed the old way are not read back as new ones."""
     chosen = ("M@x,M@x,M@x,M@x", "K@x,K@x,K@x,K@x", "N@x,K@x,N@x,K@x")
-    profiles = _measured_tiny_gpt(
-        workers=1,
-        only=lambda kind, label, config: (
-            (label == "layer" and config in chosen) or label == "layer->head"
-        ),
-        time_limit_factor=1e-9,  # anything after the first is "hopeless"
-    )
+    with ProfileCache(tmp_path / "profiles.sqlite") as cache:
+        profiles = _measured_tiny_gpt(
+            workers=1,
+            only=lambda kind, label, config: (
+                (label == "layer" and config in chosen) or label == "layer->head"
+            ),
+            time_limit_factor=1e-9,  # anything after the first is "hopeless"
+            cache=cache,
+        )
+    with sqlite3.connect(tmp_path / "profiles.sqlite") as db:
+        extras = [row[0] for row in db.execute("select extra from profiles")]
+    assert extras and all(e.endswith(f":{backends.MEASURED_VERSION}") for e in extras)
+    assert backends.launch_time(tuple(jax.devices())) > 0
     assert sorted(p.config for p in profiles.segments) == sorted(chosen)
     first, *rest = profiles.segments
     assert first.ok and first.t_total > 0

@@ -27,7 +27,7 @@ from explorer.profile.accounting import (
     memory_accounting,
     settled_values,
 )
-from explorer.profile.backends import Backend
+from explorer.profile.backends import MEASURED_VERSION, Backend
 from explorer.profile.cache import ProgramKey
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
@@ -124,6 +124,8 @@ class _Context:
         # What the compiler emits does not depend on the target platform: compiled profiles
         # are cached platform-free and priced when read, so switching platforms is instant.
         platform = "*" if self.backend is Backend.COMPILED else self.platform_id
+        if self.backend is Backend.MEASURED:
+            extra = f"{extra}:{MEASURED_VERSION}"
         return ProgramKey(
             segment=segment,
             config=config,

@@ -43,6 +43,8 @@ from explorer.profile.backends import (
     compile_program,
     compile_to_text,
     compile_workers,
+    devices_of,
+    launch_time,
     measure,
     price_compiled,
 )
@@ -285,8 +287,16 @@ def _finish(
             # a segment's configurations compete, so a hopeless one is abandoned; a resharding
             # is forced by its neighbours' choices, so it is always timed to the end
             competing = job.kind == "segment"
-            limit = best.get(job.segment) if competing else None
+            best_so_far = best.get(job.segment) if competing else None
             with gate.timing():
+                # the limit is a multiple of the best time as a run takes it, launch included:
+                # a multiple of a launch-free time near 0 would cut every other configuration
+                launch = launch_time(devices_of(built.program.inputs))
+                limit = (
+                    None
+                    if best_so_far is None
+                    else context.time_limit_factor * (best_so_far + launch) - launch
+                )
                 profile = measure(
                     compiled,
                     built.program.inputs,
@@ -294,7 +304,7 @@ def _finish(
                     context.mesh,
                     accounting=built.accounting,
                     terminal_outputs=built.terminal_outputs,
-                    time_limit=None if limit is None else context.time_limit_factor * limit,
+                    time_limit=limit,
                 )
             total = profile.t_comm + profile.t_comp
             if competing:
