@@ -18,6 +18,7 @@ from benchmarks.accuracy import accuracy_case
 from benchmarks.cases import README_END, README_START, Case, Run, build_step, quick_settings
 from benchmarks.paper import run_paper
 from benchmarks.paper_grid import (
+    APPROXIMATE_RESOLUTION,
     BASELINES,
     KEPT_CACHE,
     PAPER_DIR,
@@ -182,6 +183,51 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     assert kept in warm_text
     assert list(warm.loc[alpa, "alpa_solve_s"]) == list(frame.loc[alpa, "alpa_solve_s"])
     assert list(warm_cfp["solve_s"]) == list(cfp["solve_s"])  # the cold run's solve
+
+
+@pytest.mark.slow
+def test_a_wider_space_refused_exactly_is_solved_approximately_and_reported_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench's retry: a whole-mesh space whose exact frontier the solver refuses is solved
+    again with `APPROXIMATE_RESOLUTION`, and the report and CSV say how far from exact it may
+    be. No space this small is refused, so the refusal is injected where the exact solve of
+    the wider space would raise it; the approximate solve that follows is the real one, made
+    coarse at every step (`APPROXIMATE_ABOVE` 0) so that it has a slack to report."""
+    from explorer import pipeline, solve
+    from explorer.errors import FrontierTooLargeError
+
+    real = pipeline.analyze
+    refused: list[int] = []
+
+    def analyze(*args: Any, **options: Any) -> Any:
+        if options.get("whole_mesh") and not options.get("memory_resolution"):
+            refused.append(1)
+            raise FrontierTooLargeError("the frontier of this space is too large (injected)")
+        return real(*args, **options)
+
+    monkeypatch.setattr(pipeline, "analyze", analyze)
+    monkeypatch.setattr(solve, "APPROXIMATE_ABOVE", 0)
+    case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=8, paper_batch=True, layers=1)
+    report = run_paper(
+        False,
+        out=tmp_path,
+        cache=tmp_path / "c.sqlite",
+        cases=[case],
+        log=print,
+        wider={"cfp_whole": "compile"},
+    )
+    frame = pd.read_csv(tmp_path / "paper.csv")
+    whole = frame[frame["plan"] == "cfp_whole"].iloc[0]
+    assert refused and whole["frontier_resolution_mib"] == APPROXIMATE_RESOLUTION / 2**20
+    # every step is coarse: the slack is the resolution times a whole number of steps
+    steps = whole["frontier_slack_mib"] / whole["frontier_resolution_mib"]
+    assert steps >= 1 and steps == int(steps)
+    paper_space = frame[frame["plan"] == "cfp"].iloc[0]
+    assert paper_space["frontier_slack_mib"] == 0  # the paper's own space stays exact
+    text = report.read_text()
+    assert f"Approximate frontier: **{case.label}**" in text, text
+    assert f"less than {whole['frontier_slack_mib']:.0f} MiB more" in text
 
 
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(
