@@ -20,7 +20,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -229,20 +229,8 @@ def measure(
     limit = None if time_limit is None else time_limit + launch
     total = max(_timed_median(compiled, inputs, donated, limit) - launch, 0.0)
     t_comm = min(total, priced.t_comm)
-    return ProgramProfile(
-        t_comm=t_comm,
-        t_comp=total - t_comm,
-        memory=priced.memory,
-        persistent_memory=priced.persistent_memory,
-        transient_memory=priced.transient_memory,
-        saved_memory=priced.saved_memory,
-        gradient_memory=priced.gradient_memory,
-        constant_memory=priced.constant_memory,
-        collectives=priced.collectives,
-        flops=priced.flops,
-        bytes_accessed=priced.bytes_accessed,
-        dot_flops=priced.dot_flops,
-    )
+    # the run's time, split by the priced collectives; memory and counts from the compiler
+    return replace(priced, t_comm=t_comm, t_comp=total - t_comm)
 
 
 def _timed_median(
