@@ -4,6 +4,7 @@ composition along a path and the paper's Eq. 2 check (`split_target`, `split_sou
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,11 +35,15 @@ class DimExpr:
     opaque: bool = False
     reads: tuple[int, ...] = ()
 
+    # Made hundreds of thousands of times while a step's ops are placed, from a few distinct
+    # (dim, size) pairs: the expressions are immutable, so each is made once and shared.
     @staticmethod
+    @functools.cache
     def var(dim: int, size: int) -> DimExpr:
         return DimExpr((Digit(dim, 1, size),) if size > 1 else ())
 
     @staticmethod
+    @functools.cache
     def star(size: int) -> DimExpr:
         return DimExpr((Digit(None, 1, size),) if size > 1 else ())
 
