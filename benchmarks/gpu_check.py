@@ -9,9 +9,10 @@ nil), for paper-scale models cut to a few layers:
   memory analyses priced on the platform's roofline) against the same measured step;
 - `memory`: the whole step's memory as XLA:GPU's memory analysis gives it, with and without
   rematerialisation, and (with `--peaks`) the GPU allocator's peak while it runs;
-- `overhead`: what the measured backend times for programs that do next to nothing (one
-  input, and as many inputs as a layer program has): the cost every segment program pays
-  and a whole step pays once. Composed profiles of many short programs overcount it.
+- `overhead`: what a run of a program that does next to nothing takes (one input, and as
+  many inputs as a layer program has): the launch every segment program pays and a whole
+  step pays once. The measured backend takes the one-input time off every time since
+  `MEASURED_VERSION` launch-1; before, composed profiles of many short programs overcounted it.
 
 With `--predict-only` the same cases run compile-only on this machine's devices (XLA:CPU), as
 a user plans on a laptop: their predictions are compared with the GPU's truth afterwards.
@@ -299,7 +300,8 @@ def summarise(folder: Path) -> str:
     gpu = [r for r in rows if r["backend"] == "gpu"]
     out = [
         "Measured backend: the composed profiles against the whole step, both timed on the GPU",
-        "(launch taken off: every time less a near-empty program's, `MEASURED_VERSION` launch-1).",
+        "(launch taken off: every time less a near-empty program's, since `MEASURED_VERSION`",
+        "launch-1).",
         "",
     ]
     out += [
