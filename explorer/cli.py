@@ -304,8 +304,8 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     _print_best(analysis.profiles)
     print(f"frontier: {len(analysis.frontier.points)} Pareto-optimal plans")
-    if analysis.frontier.memory_slack:
-        print(f"  {analysis.frontier.approximation(format_bytes)}")
+    if approximate := analysis.frontier.approximation(format_bytes):
+        print(f"  {approximate}")
     from explorer.target_memory import fastest_plan_on_gpu, target_memory
 
     fit = None

@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from explorer._jax_compat import CompiledText, compile_request, read_executable
@@ -218,16 +219,15 @@ def measure(
     """Run `compiled` on real devices: warm-up (`WARMUP_RUNS`, and `WARMUP_SECONDS` at
     least), then the median of the timed runs.
 
-    `time_limit` (seconds, launch-free as the result) is the dynamic limit: a program whose
-    first timed run already exceeds it is abandoned, as the paper's profiler does with
-    hopeless configurations.
+    `time_limit` (seconds, a run as it takes it: launch included) is the dynamic limit: a
+    program whose first timed run already exceeds it is abandoned, as the paper's profiler
+    does with hopeless configurations.
     Inputs at `donated` positions are consumed by each run: fresh ones are made before every
     run, outside the timed region.
     """
     priced = price_compiled(read_executable(compiled), platform, mesh, accounting, terminal_outputs)
     launch = launch_time(devices_of(inputs))
-    limit = None if time_limit is None else time_limit + launch
-    total = max(_timed_median(compiled, inputs, donated, limit) - launch, 0.0)
+    total = max(_timed_median(compiled, inputs, donated, time_limit) - launch, 0.0)
     t_comm = min(total, priced.t_comm)
     # the run's time, split by the priced collectives; memory and counts from the compiler
     return replace(priced, t_comm=t_comm, t_comp=total - t_comm)
@@ -282,9 +282,9 @@ def launch_time(devices: tuple[Any, ...]) -> float:
     the same point (its first measured program), as it runs the program on every device."""
     if not devices:
         return 0.0
-    mesh = jax.sharding.Mesh(np.array(devices), ("launch",))
+    mesh = Mesh(np.array(devices), ("launch",))
     one = jax.ShapeDtypeStruct(
-        (len(devices),), np.float32, sharding=jax.sharding.NamedSharding(mesh, P("launch"))
+        (len(devices),), np.float32, sharding=NamedSharding(mesh, P("launch"))
     )
     nothing = jax.jit(lambda x: x + 1).lower(one).compile()
     return _timed_median(nothing, (one,), (), None)

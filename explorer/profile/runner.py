@@ -289,13 +289,13 @@ def _finish(
             competing = job.kind == "segment"
             best_so_far = best.get(job.segment) if competing else None
             with gate.timing():
-                # the limit is a multiple of the best time as a run takes it, launch included:
-                # a multiple of a launch-free time near 0 would cut every other configuration
+                # a multiple of the best time as a run takes it, launch included: a multiple
+                # of a launch-free time near 0 would cut every other configuration
                 launch = launch_time(devices_of(built.program.inputs))
                 limit = (
                     None
                     if best_so_far is None
-                    else context.time_limit_factor * (best_so_far + launch) - launch
+                    else context.time_limit_factor * (best_so_far + launch)
                 )
                 profile = measure(
                     compiled,
