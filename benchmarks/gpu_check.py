@@ -45,6 +45,9 @@ CASES = (  # (model, preset, layers, batch): one device's share of the paper gri
     ("gpt", "gpt_2_6b_bf16", 2, 8),
     ("bert", "bert_large_bf16", 4, 8),
     ("llama", "llama_7b_bf16", 2, 2),
+    # a dense layer and a MoE layer (every other layer is MoE): the gate, dispatch, experts
+    # and combine cut into several short programs, where composing parts weighs most
+    ("moe", "moe_7_1b_bf16", 2, 4),
 )
 # a strategy that splits no weight: on one device every strategy is the same program, and
 # profiling one per segment keeps the run inside minutes
@@ -67,17 +70,37 @@ print(json.dumps({"inputs": before, "peak": stats["peak_bytes_in_use"]}))
 
 
 class FirstUnsplit:
-    """`analyze`'s `only`: per segment or boundary, the first configuration whose every
-    strategy splits no weight (on one device they are all the same program)."""
+    """`analyze`'s `only`: per segment, the first configuration whose every strategy splits
+    no weight (on one device they are all the same program), and per boundary those that
+    join the segments' chosen configurations (segments are offered first). Two types can
+    share a label (a dense layer's part 2 and a MoE layer's), so a segment's choice is kept
+    per label and block count; and a MoE layer's expert part starts with `E@x` where the
+    part before it ends with `M@x`, so the first unsplit boundary would join nothing."""
 
     def __init__(self) -> None:
-        self.chosen: dict[tuple[str, str], str] = {}
+        self.segments: dict[tuple[str, int], str] = {}  # (label, blocks) -> configuration
+        self.boundaries: dict[str, str] = {}
 
     def __call__(self, kind: str, label: str, config: str) -> bool:
         tokens = [t for t in re.split(r"->|[, ]+", config) if t]
         if not all(token in _UNSPLIT for token in tokens):
             return False
-        return self.chosen.setdefault((kind, label), config) == config
+        if kind != "reshard":
+            blocks = len(config.split(","))
+            return self.segments.setdefault((label, blocks), config) == config
+        before, _, after = label.partition("->")
+        lasts = {_end(c, -1) for (name, _), c in self.segments.items() if name == before}
+        firsts = {_end(c, 0) for (name, _), c in self.segments.items() if name == after}
+        if lasts and firsts:
+            source, _, target = config.partition("->")
+            return source in lasts and target in firsts
+        return self.boundaries.setdefault(label, config) == config
+
+
+def _end(config: str, position: int) -> str:
+    """A segment configuration's first or last strategy, as a boundary's configuration
+    names it (a segment without blocks, "-", is "none" there)."""
+    return "none" if config == "-" else config.split(",")[position]
 
 
 def default_platform() -> str:
@@ -239,7 +262,11 @@ def plan_against_truth(case: Case, backend: str, platform: str) -> dict[str, Any
 
 def _rows(folder: Path) -> list[dict[str, Any]]:
     rows = []
-    for path in sorted(folder.glob("*.jsonl")):
+
+    def by_name(path: Path) -> list[object]:  # h200-run9 before h200-run10
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.stem)]
+
+    for path in sorted(folder.glob("*.jsonl"), key=by_name):
         for line in path.read_text().splitlines():
             rows.append({**json.loads(line), "run": path.stem})
     return rows
@@ -310,10 +337,13 @@ def summarise(folder: Path) -> str:
     ]
     out += ["|---|---|---|---|---|---|---|"]
     for r in (r for r in gpu if r["phase"] == "measured"):
-        by_label: dict[str, list[float]] = {}
+        # one program per label and block count (a dense and a MoE layer's part 2 share
+        # a label; on one device the other blocks' strategies after "|" change nothing)
+        by_program: dict[tuple[str, int], list[float]] = {}
         for segment in r["segments"]:
-            by_label.setdefault(segment["label"], []).append(segment["t_comp"])
-        spread = max(max(v) / min(v) for v in by_label.values() if min(v) > 0)
+            blocks = len(segment["config"].split("|")[0].split(","))
+            by_program.setdefault((segment["label"], blocks), []).append(segment["t_comp"])
+        spread = max(max(v) / min(v) for v in by_program.values() if min(v) > 0)
         out.append(
             f"| {r['run']} | {r['preset']} | {'yes' if 'measured_version' in r else 'no'} "
             f"| {_ms(r['predicted_s'])} | {_ms(r['evaluated_s'])} "
