@@ -75,7 +75,8 @@ class FirstUnsplit:
     join the segments' chosen configurations (segments are offered first). Two types can
     share a label (a dense layer's part 2 and a MoE layer's), so a segment's choice is kept
     per label and block count; and a MoE layer's expert part starts with `E@x` where the
-    part before it ends with `M@x`, so the first unsplit boundary would join nothing."""
+    part before it ends with `M@x`, so the first unsplit boundary would join nothing.
+    (On one device every strategy is 1-D, so a comma separates blocks: "M@x,E@x" is two.)"""
 
     def __init__(self) -> None:
         self.segments: dict[tuple[str, int], str] = {}  # (label, blocks) -> configuration
