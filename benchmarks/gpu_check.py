@@ -87,8 +87,7 @@ class FirstUnsplit:
         if not all(token in _UNSPLIT for token in tokens):
             return False
         if kind != "reshard":
-            blocks = len(config.split(","))
-            return self.segments.setdefault((label, blocks), config) == config
+            return self.segments.setdefault((label, _blocks(config)), config) == config
         before, _, after = label.partition("->")
         lasts = {_end(c, -1) for (name, _), c in self.segments.items() if name == before}
         firsts = {_end(c, 0) for (name, _), c in self.segments.items() if name == after}
@@ -96,6 +95,13 @@ class FirstUnsplit:
             source, _, target = config.partition("->")
             return source in lasts and target in firsts
         return self.boundaries.setdefault(label, config) == config
+
+
+def _blocks(config: str) -> int:
+    """How many blocks a segment configuration names (its own part, before any context)."""
+    from explorer.profile.runner import own_config
+
+    return len(own_config(config).split(","))
 
 
 def _end(config: str, position: int) -> str:
@@ -342,8 +348,8 @@ def summarise(folder: Path) -> str:
         # a label; on one device the other blocks' strategies after "|" change nothing)
         by_program: dict[tuple[str, int], list[float]] = {}
         for segment in r["segments"]:
-            blocks = len(segment["config"].split("|")[0].split(","))
-            by_program.setdefault((segment["label"], blocks), []).append(segment["t_comp"])
+            program = (segment["label"], _blocks(segment["config"]))
+            by_program.setdefault(program, []).append(segment["t_comp"])
         spread = max(max(v) / min(v) for v in by_program.values() if min(v) > 0)
         out.append(
             f"| {r['run']} | {r['preset']} | {'yes' if 'measured_version' in r else 'no'} "
