@@ -91,8 +91,9 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     costs = {"cfp": cost, "cfp_gpu": cost}
     for space in WIDER_SPACES:
         wider = _with_wider_space(
-            run, case, platform, space, plans=plans, notes=notes, gpu=gpu, step=step, args=args
-        )
+            run, case, platform, space, plans=plans, notes=notes, gpu=gpu, step=step, args=args,
+            traced=analysis.graph,
+        )  # fmt: skip
         if wider is not None:
             costs[space.row] = costs[space.gpu_row] = wider
     truths = _evaluate_all(run, case, plans, step, args)
@@ -219,10 +220,12 @@ def _with_wider_space(
     gpu: dict[str, Any],
     step: Any,
     args: Any,
+    traced: Any,
 ) -> dict[str, Any] | None:
     """CFP over a space wider than the paper's: its plan within the device memory
     (`space.row`) and the one XLA:GPU's memory chooses (`space.gpu_row`), added to `plans`
     (their XLA:GPU memory to `gpu`); the analysis' search cost, as `run_case` reports it.
+    `traced` is the step's graph from the paper space's analysis, not traced again.
     None where the space is the paper's (a 2-D widening on a 1-D mesh), or where the run
     keeps to the cache ("kept") and the cache lacks a program of that space, or where the
     space's frontier is too large to solve (the report's "Not run" says so)."""
@@ -249,6 +252,7 @@ def _with_wider_space(
             shard_parameters=space.shard_parameters,
             whole_mesh=space.whole_mesh,
             memory_resolution=memory_resolution,
+            traced=traced,
         )
 
     try:

@@ -15,14 +15,16 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from explorer.analysis import Analysis, SegmentedStep
 from explorer.arguments import check_mesh_fit, check_platform_peaks, checked_arguments
 from explorer.cost import build_cost_model
+from explorer.errors import InputError
 from explorer.frontier_store import frontier_store_path, solve_kept
 from explorer.mesh import MeshLike
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
 from explorer.space import step_space
-from explorer.trace import ArgRoles, trace
+from explorer.trace import ArgRoles, trace, traced_again
 from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
+    from explorer.ir import Graph
     from explorer.platforms import PlatformLike
 
 __all__ = ["DEFAULT_CACHE", "Analysis", "SegmentedStep", "analyze"]
@@ -49,6 +51,7 @@ def analyze(
     progress: bool = ...,
     only: Callable[[str, str, str], bool] | None = ...,
     cancel: threading.Event | None = ...,
+    traced: Graph | None = ...,
 ) -> Analysis: ...
 
 
@@ -71,6 +74,7 @@ def analyze(
     progress: bool = ...,
     only: Callable[[str, str, str], bool] | None = ...,
     cancel: threading.Event | None = ...,
+    traced: Graph | None = ...,
 ) -> SegmentedStep: ...
 
 
@@ -92,6 +96,7 @@ def analyze(
     progress: bool = True,
     only: Callable[[str, str, str], bool] | None = None,
     cancel: threading.Event | None = None,
+    traced: Graph | None = None,
 ) -> SegmentedStep:
     """Trace `step(*args)`, build ParallelBlocks and their strategies on `mesh`, segment the
     block sequence and (unless `profile=False`) profile every unique segment configuration and
@@ -105,7 +110,9 @@ def analyze(
     `config_cap` caps the configurations of one unique segment: a type over it is cut at its
     block boundaries into smaller types (a block alone over it is refused, naming the block).
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
-    it accepts, for a quick look at part of the space. Setting `cancel` stops profiling:
+    it accepts, for a quick look at part of the space. `traced`, the `.graph` of an earlier
+    analysis of the same step and arguments, skips tracing it again (another space of one
+    step, say); it is checked against `args`. Setting `cancel` stops profiling:
     what finished stays in the cache and `ProfilingCancelled` says how much.
     `memory_resolution` (bytes, or `"64MiB"`) is for a space too wide for the exact frontier
     (`FrontierTooLargeError`): the solver's heavy steps (over `solve.APPROXIMATE_ABOVE`
@@ -132,7 +139,15 @@ def analyze(
         shard_parameters=shard_parameters,
     )
     resolution = int(parse_bytes(memory_resolution, "memory_resolution"))
-    graph = trace(step, *args, arg_roles=arg_roles)
+    if traced is None:
+        graph = trace(step, *args, arg_roles=arg_roles)
+    elif arg_roles is not None:
+        raise InputError(
+            "arg_roles: the inputs' roles were decided when `traced` was traced; pass "
+            "arg_roles to that analysis, not with traced"
+        )
+    else:
+        graph = traced_again(traced, step, *args)
     check_platform_peaks(graph, target)
     blocks = step_space(
         graph,

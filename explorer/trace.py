@@ -35,12 +35,12 @@ import jax
 import numpy as np
 
 from explorer import _jax_compat as jc
-from explorer.errors import ArgumentMismatchError, ExplorerError, TraceError
+from explorer.errors import ArgumentMismatchError, ExplorerError, InputError, TraceError
 from explorer.input_roles import AMBIGUOUS_ROLES, _classify_inputs, _leaf_path
 from explorer.ir import INPUT_KINDS, Graph, OpNode, TensorType, Value, ValueKind
 from explorer.op_roles import _depths, _link_backward_to_forward, _op_roles
 
-__all__ = ["AMBIGUOUS_ROLES", "ARG_ROLE_KINDS", "ArgRoles", "trace"]
+__all__ = ["AMBIGUOUS_ROLES", "ARG_ROLE_KINDS", "ArgRoles", "trace", "traced_again"]
 
 ARG_ROLE_KINDS = {
     "params": ValueKind.PARAMETER,
@@ -89,6 +89,43 @@ def trace(
     closed_jaxpr, out_shape = _make_jaxpr(step, abstract_args)
     program = jc.flatten(closed_jaxpr)
     return _build_graph(program, abstract_args, declared, names, out_shape)
+
+
+def traced_again(graph: Any, step: Callable[..., Any], *example_args: Any) -> Graph:
+    """`graph`, an earlier `trace(step, *example_args)` (an analysis' `.graph`), for another
+    analysis of the same step without tracing it again (tracing a 7B model takes seconds).
+
+    It is checked against the arguments: the same pytree structure and, leaf by leaf, the
+    same shape and dtype. A graph of another step taking equal arguments cannot be told
+    apart, so pass only one this step gave."""
+    if not isinstance(graph, Graph):
+        raise InputError(
+            f"traced: expected the Graph an earlier analysis of this step traced (its "
+            f"`.graph`), found {type(graph).__name__}"
+        )
+    _check_binds(step, example_args)
+    abstract = _abstract(example_args)
+    found = jax.tree_util.tree_structure(abstract)
+    if graph.in_tree is not None and graph.in_tree != found:
+        raise ArgumentMismatchError(
+            f"traced: the graph was traced from arguments of another structure than those "
+            f"given to {_name(step)}.\nexpected: {graph.in_tree}\nfound:    {found}"
+        )
+    leaves = jax.tree_util.tree_flatten_with_path(abstract)[0]
+    if len(leaves) != len(graph.inputs):
+        raise ArgumentMismatchError(
+            f"traced: the graph has {len(graph.inputs)} inputs, the arguments given to "
+            f"{_name(step)} have {len(leaves)} leaves"
+        )
+    for (path, leaf), vid in zip(leaves, graph.inputs, strict=True):
+        want = graph.values[vid].type
+        got = TensorType(tuple(leaf.shape), jc.dtype_name(leaf.dtype))
+        if got != want:
+            raise ArgumentMismatchError(
+                f"traced: example argument {_argument_path(path)} is {got}, the graph was "
+                f"traced with {want}"
+            )
+    return graph
 
 
 # -- arguments ------------------------------------------------------------------------------

@@ -50,3 +50,38 @@ def test_a_segmented_step_prices_a_baseline_by_compiling_the_whole_step() -> Non
     truth = ex.evaluate(plan, step, *args)
     assert plan.source == "dp" and set(plan.strategies) <= {"M@x", ""}
     assert (plan.time, plan.memory) == (truth.time, truth.memory)
+
+
+def test_an_earlier_trace_gives_the_same_analysis_of_another_space_and_is_checked() -> None:
+    """`traced=`: another space of one step without tracing it again (the paper bench's
+    wider spaces), refused where the graph cannot be this step's with these arguments."""
+    from explorer.errors import ArgumentMismatchError, InputError
+
+    step, args = ex.models.gpt(abstract=True)
+    first = ex.analyze(step, *args, mesh=(2, 2), cache=None, profile=False)
+    fresh = ex.analyze(step, *args, mesh=(2, 2), cache=None, profile=False, whole_mesh=True)
+    reused = ex.analyze(
+        step, *args, mesh=(2, 2), cache=None, profile=False, whole_mesh=True,
+        traced=first.graph,
+    )  # fmt: skip
+    assert reused.graph is first.graph
+    assert reused.blocks == fresh.blocks and reused.segments == fresh.segments
+    assert reused.program_count == fresh.program_count > first.program_count
+
+    with pytest.raises(InputError, match=r"traced: expected the Graph .* found tuple"):
+        ex.analyze(step, *args, mesh=(4,), cache=None, profile=False, traced=(1, 2))
+    with pytest.raises(InputError, match=r"arg_roles: .* decided when `traced` was traced"):
+        ex.analyze(
+            step, *args, mesh=(4,), cache=None, profile=False, traced=first.graph,
+            arg_roles=("params", "opt_state", "data"),
+        )  # fmt: skip
+    wider = ex.models.build("gpt", "tiny", batch=16, abstract=True)
+    with pytest.raises(ArgumentMismatchError, match=r"traced: example argument #2.* is "):
+        ex.analyze(
+            wider.step, *wider.args, mesh=(4,), cache=None, profile=False, traced=first.graph
+        )
+    llama_step, llama_args = ex.models.llama(abstract=True)
+    with pytest.raises(ArgumentMismatchError, match="traced: the graph was traced from"):
+        ex.analyze(
+            llama_step, *llama_args, mesh=(4,), cache=None, profile=False, traced=first.graph
+        )

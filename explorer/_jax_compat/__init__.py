@@ -28,6 +28,7 @@ from explorer._jax_compat.flatten import (
 )
 from explorer._jax_compat.lowering import random_bits_as_accelerators_lower
 from explorer._jax_compat.plain import (
+    dtype_name,
     is_linearized,
     is_rematerialised,
     is_transposed,
@@ -50,6 +51,7 @@ __all__ = [
     "LoopRegion",
     "compile_from_request",
     "compile_request",
+    "dtype_name",
     "evaluate",
     "flatten",
     "is_linearized",

@@ -13,7 +13,8 @@ from jax._src import source_info_util
 _PLAIN = (int, float, bool, str, type(None))
 
 
-def _dtype_name(dtype: Any) -> str:
+def dtype_name(dtype: Any) -> str:
+    """The dtype as the graph names it: numpy's name, or JAX's for extended dtypes."""
     try:
         return str(np.dtype(dtype))
     except TypeError:
@@ -23,7 +24,7 @@ def _dtype_name(dtype: Any) -> str:
 def _aval_of(var: Any) -> tuple[tuple[int, ...], str]:
     aval = var.aval
     shape = tuple(int(d) for d in getattr(aval, "shape", ()))
-    return shape, _dtype_name(getattr(aval, "dtype", "opaque"))
+    return shape, dtype_name(getattr(aval, "dtype", "opaque"))
 
 
 def plain_params(params: dict[str, Any]) -> dict[str, Any]:
