@@ -232,7 +232,7 @@ def _with_wider_space(
     from explorer.errors import FrontierTooLargeError, ProfilingCancelled
     from explorer.pipeline import analyze
 
-    if space.two_d_only and len(case.mesh) == 1:
+    if (space.two_d_only and len(case.mesh) == 1) or run.wider.get(space.row) == "off":
         return None
     capacity = platform.device.memory_bytes
     cancel = threading.Event()
@@ -516,7 +516,7 @@ def run_paper(
     minute a plan at the paper's scale), "kept" shows what the store kept from such a run.
     `wider` (by row of `WIDER_SPACES`): "compile" also profiles that space of CFP's (rows
     "cfp_zero" and "cfp_zero_gpu" for ZeRO twins, say), "kept" (the default) shows its rows
-    where the profile cache holds that whole space."""
+    where the profile cache holds that whole space, "off" leaves it out."""
     from explorer.alpa import IlpAnswerStore
     from explorer.evaluation_store import EvaluationStore
 

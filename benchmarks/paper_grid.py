@@ -209,7 +209,7 @@ class PaperRun:
     ilp_answers: IlpAnswerStore | None = None  # where the Alpa ILP's answers are kept
     # CFP over each of the `WIDER_SPACES`, by row: "compile" profiles what the cache lacks,
     # "kept" (the default) shows a case only where the cache holds every program of that
-    # space (profiles nothing)
+    # space (profiles nothing), "off" leaves that space out
     wider: dict[str, str] = field(default_factory=dict)
 
     def failed(self, where: str, err: BaseException) -> None:

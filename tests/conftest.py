@@ -33,15 +33,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
-    """Remove the session's shared profile cache (see helpers.SHARED_CACHE) and the
-    frontiers `analyze` kept beside it."""
+    """Remove the session's shared profile cache (see helpers.SHARED_CACHE) and the stores
+    kept beside it: `analyze`'s frontiers, and the paper bench's evaluations, ILP answers
+    and XLA:GPU memory figures."""
     from helpers import SHARED_CACHE
 
-    from explorer.frontier_store import frontier_store_path
-
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{SHARED_CACHE}{suffix}").unlink(missing_ok=True)
-    Path(str(frontier_store_path(SHARED_CACHE))).unlink(missing_ok=True)
+    beside = (".frontiers.sqlite", ".evaluations.sqlite", ".alpa.sqlite", ".gpu-memory.sqlite")
+    for store in (SHARED_CACHE, *(SHARED_CACHE.with_suffix(name) for name in beside)):
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{store}{suffix}").unlink(missing_ok=True)
 
 
 def _writable(path: Path) -> bool:

@@ -1,6 +1,6 @@
 """Training steps written with Flax (linen, remat, `nn.scan`, NNX, TrainState) and Equinox,
-and a Flax CNN, profiled with the `compiled` backend on mesh 4 and 2x2: the plan the explorer
-chooses applies to the user's own step and computes what the unsharded step computes.
+and a Flax CNN, profiled with the `compiled` backend on 2x2 and (most) on mesh 4: the plan
+the explorer chooses applies to the user's own step and computes what the unsharded step computes.
 
 "The same numbers" means what plain data parallelism (`jax.jit` with the batch split by a
 `NamedSharding`) reproduces: both are compared on the second AdamW step at rtol = atol =
@@ -53,9 +53,21 @@ def _data_parallel(user: UserStep, args: tuple[Any, ...], mesh: tuple[int, ...])
     return jax.jit(user.step, in_shardings=(*shardings, batch))(*args)
 
 
+# Every model on 2x2, where a plan splits over two axes; on mesh 4 all but the linen
+# decoder's rematerialised and NNX variants, whose 1-D plans are the linen decoder's plans
+# (the same layers, written another way) and whose front ends the 2x2 runs cover: two
+# minutes of compiling each on CI's two cores.
+_MESHES = {"mesh4": (4,), "mesh2x2": (2, 2)}
+_CASES = [
+    pytest.param(name, mesh, id=f"{name}-{mesh_id}")
+    for mesh_id, mesh in _MESHES.items()
+    for name in BUILDERS
+    if mesh_id == "mesh2x2" or name not in ("linen_remat", "nnx")
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", [(4,), (2, 2)], ids=["mesh4", "mesh2x2"])
-@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize(("name", "mesh"), _CASES)
 def test_the_chosen_plan_applies_with_the_same_numbers(name: str, mesh: tuple[int, ...]) -> None:
     user, warm, expected = _second_step(name)
     noise = _noise_leaves(expected, _data_parallel(user, warm, mesh))
