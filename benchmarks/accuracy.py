@@ -75,7 +75,7 @@ def _measured_in_child(run: Run, case: Case) -> None:
 
 def accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int) -> None:
     from explorer.accuracy import sample_selections
-    from explorer.plan import evaluate_on
+    from explorer.plan import evaluate_each
 
     start = time.perf_counter()
     if backend == "measured":  # real arrays for the timed runs
@@ -89,13 +89,16 @@ def accuracy_case(run: Run, case: Case, platform: str, backend: str, count: int)
     if backend == "compiled" and not run.symbolic:
         _symbolic_vs_profiled(run, case, analysis)
     selections = sample_selections(analysis, count)
-    for kind, selection in selections:
-        plan = analysis.plan_of(selection, source=kind)
-        try:
-            truth = evaluate_on(plan, [platform], step, *args, backend=backend)[platform]
-        except Exception as err:
-            run.failed(f"accuracy {case.label} {kind} plan", err)
+    plans = [analysis.plan_of(selection, source=kind) for kind, selection in selections]
+
+    def failed(index: int, err: Exception) -> None:
+        run.failed(f"accuracy {case.label} {selections[index][0]} plan", err)
+
+    truths = evaluate_each(plans, [platform], step, *args, backend=backend, on_error=failed)
+    for (kind, _), plan, evaluated in zip(selections, plans, truths, strict=True):
+        if evaluated is None:
             continue
+        truth = evaluated[platform]
         run.accuracy.append(
             {
                 "case": case.label,

@@ -305,16 +305,22 @@ def _baseline(run: PaperRun, analysis: Any, name: str, capacity: int) -> tuple[A
 def _evaluate_all(
     run: PaperRun, case: PaperCase, plans: dict[str, Any], step: Any, args: Any
 ) -> dict[str, Any]:
-    from explorer.plan import evaluate_on
+    from explorer.plan import evaluate_each
 
-    truths = {}
-    for name, plan in plans.items():
-        try:
-            evaluated = evaluate_on(plan, [case.platform], step, *args, store=run.evaluations)
-            truths[name] = evaluated[case.platform]
-        except Exception as err:
-            run.failed(f"{case.label}: evaluate {name}", err)
-    return truths
+    names = list(plans)
+
+    def failed(index: int, err: Exception) -> None:
+        run.failed(f"{case.label}: evaluate {names[index]}", err)
+
+    evaluated = evaluate_each(
+        [plans[name] for name in names], [case.platform], step, *args,
+        store=run.evaluations, on_error=failed,
+    )  # fmt: skip
+    return {
+        name: truth[case.platform]
+        for name, truth in zip(names, evaluated, strict=True)
+        if truth is not None
+    }
 
 
 def _row(

@@ -135,13 +135,16 @@ def check_accuracy(
     backend: str = "compiled",
 ) -> AccuracyReport:
     """Compose, then evaluate, `count` plans of `analysis` (see the module doc)."""
-    from explorer.plan import evaluate_on
+    from explorer.plan import evaluate_each
 
     platform = analysis.platform_name
+    sampled = sample_selections(analysis, count, seed)
+    plans = [analysis.plan_of(selection, source=kind) for kind, selection in sampled]
+    truths = evaluate_each(plans, [platform], step, *args, backend=backend)
     checks = []
-    for kind, selection in sample_selections(analysis, count, seed):
-        plan = analysis.plan_of(selection, source=kind)
-        truth = evaluate_on(plan, [platform], step, *args, backend=backend)[platform]
+    for (kind, selection), plan, evaluated in zip(sampled, plans, truths, strict=True):
+        assert evaluated is not None  # without `on_error` a failure raises
+        truth = evaluated[platform]
         checks.append(
             PlanCheck(
                 kind=kind,

@@ -6,6 +6,7 @@ evaluations across runs, keyed by the program and the platform's content.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -106,50 +107,127 @@ def evaluate_on(
     from explorer.platforms import resolve_platform
     from explorer.profile.backends import (
         Backend,
-        ProgramProfile,
         compile_program,
         compile_to_text,
         compile_workers,
         measure,
-        price_compiled,
     )
-    from explorer.profile.hlo import emitted
 
     kind = Backend(backend)
     targets = {given: resolve_platform(given, "evaluate_on: platforms") for given in platforms}
     kept = _kept_evaluations(plan, targets, store) if kind is Backend.COMPILED else None
     if kept is not None:  # every platform's evaluation of this program is in the store
         return kept
-    step_under = lower_step(plan, step, args)
-    realised, leaves, lowered = step_under.realised, step_under.leaves, step_under.lowered
-    price: Callable[[Any], ProgramProfile]
+    under = lower_step(plan, step, args)
     if kind is Backend.MEASURED:
-        executable = compile_program(lowered, kind)
+        executable = compile_program(under.lowered, kind)
+        return {
+            given: _evaluation(
+                measure(executable, under.leaves, p, plan.mesh, donated=under.realised.donated)
+            )
+            for given, p in targets.items()
+        }
+    text = compile_to_text(under.lowered, compile_workers(kind, 1))
+    return _priced(plan, text, targets, store)
 
-        def price(platform: Any) -> ProgramProfile:
-            return measure(executable, tuple(leaves), platform, plan.mesh, donated=realised.donated)
-    else:
-        text = compile_to_text(lowered, compile_workers(kind, 1))
 
-        def price(platform: Any) -> ProgramProfile:
-            return price_compiled(text, platform, plan.mesh)
+def evaluate_each(
+    plans: Sequence[Plan],
+    platforms: Sequence[PlatformKey],
+    step: Callable[..., Any],
+    *args: Any,
+    backend: str = "compiled",
+    store: EvaluationStore | None = None,
+    on_error: Callable[[int, Exception], None] | None = None,
+) -> list[dict[PlatformKey, Evaluation] | None]:
+    """`evaluate_on` for several plans of one step, in their order, with the same answers.
+    With the compiled backend each step is lowered here while the steps before it compile in
+    the compile workers, several at once as in profiling (compiling is most of an
+    evaluation of a small step); measured steps run one by one. A plan whose evaluation
+    fails is passed with its error to `on_error` and answered None; without `on_error` the
+    first failure is raised (after the compiles in flight end)."""
+    from concurrent.futures import Future, ThreadPoolExecutor
 
-    out = {}
-    for given, platform in targets.items():
-        priced = price(platform)
-        out[given] = Evaluation(
-            time=priced.t_comm + priced.t_comp,
-            t_comm=priced.t_comm,
-            t_comp=priced.t_comp,
-            memory=priced.memory,
-            collectives=len(priced.collectives),
-            emitted=emitted(priced.collectives),
-        )
-    if store is not None and kind is Backend.COMPILED:
+    from explorer.platforms import resolve_platform
+    from explorer.profile.backends import Backend, compile_to_text, compile_workers
+
+    answers: list[dict[PlatformKey, Evaluation] | None] = [None] * len(plans)
+
+    def failed(index: int, err: Exception) -> None:
+        if on_error is None:
+            raise err
+        on_error(index, err)
+
+    targets = {given: resolve_platform(given, "evaluate_each: platforms") for given in platforms}
+    kind = Backend(backend)
+    workers = compile_workers(kind, os.cpu_count() or 1)
+    if kind is not Backend.COMPILED or workers is None:
+        for index, plan in enumerate(plans):
+            try:
+                answers[index] = evaluate_on(
+                    plan, platforms, step, *args, backend=backend, store=store
+                )
+            except Exception as err:
+                failed(index, err)
+        return answers
+    in_flight: dict[int, Future[Any]] = {}
+
+    def settle(index: int) -> None:
+        try:
+            answers[index] = _priced(plans[index], in_flight.pop(index).result(), targets, store)
+        except Exception as err:
+            failed(index, err)
+
+    parallel = workers.processes
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        try:
+            for index, plan in enumerate(plans):
+                try:
+                    kept = _kept_evaluations(plan, targets, store)
+                    lowered = None if kept is not None else lower_step(plan, step, args).lowered
+                except Exception as err:
+                    failed(index, err)
+                    continue
+                if lowered is None:
+                    answers[index] = kept
+                    continue
+                in_flight[index] = pool.submit(compile_to_text, lowered, workers)
+                # a lowered step can be large: no more of them wait than the pool compiles
+                while len(in_flight) > parallel:
+                    settle(min(in_flight))
+            while in_flight:
+                settle(min(in_flight))
+        finally:
+            for future in in_flight.values():
+                future.cancel()
+    return answers
+
+
+def _priced(
+    plan: Plan, text: Any, targets: Mapping[PlatformKey, Platform], store: EvaluationStore | None
+) -> dict[PlatformKey, Evaluation]:
+    """The compiled step `text` of `plan` priced on each of `targets`, kept in `store`."""
+    from explorer.profile.backends import price_compiled
+
+    out = {given: _evaluation(price_compiled(text, p, plan.mesh)) for given, p in targets.items()}
+    if store is not None:
         for given, evaluation in out.items():
             key = (_program_digest(plan), platform_key(targets[given].to_json()))
             store.put(key, asdict(evaluation))
     return out
+
+
+def _evaluation(priced: Any) -> Evaluation:
+    from explorer.profile.hlo import emitted
+
+    return Evaluation(
+        time=priced.t_comm + priced.t_comp,
+        t_comm=priced.t_comm,
+        t_comp=priced.t_comp,
+        memory=priced.memory,
+        collectives=len(priced.collectives),
+        emitted=emitted(priced.collectives),
+    )
 
 
 def _program_digest(plan: Plan) -> str:

@@ -27,6 +27,7 @@ from explorer.evaluation import (
     Evaluation,
     LoweredStep,
     evaluate,
+    evaluate_each,
     evaluate_on,
     lower_step,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "PlanError",
     "apply_plan",
     "evaluate",
+    "evaluate_each",
     "evaluate_on",
     "load_plan",
     "lower_step",

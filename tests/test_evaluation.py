@@ -1,0 +1,53 @@
+"""`evaluate_each`: several plans of one step compiled at once in the compile workers, with
+the answers `evaluate_on` gives one plan at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+import pytest
+from helpers import mlp_step
+
+import explorer as ex
+from explorer.evaluation_store import EvaluationStore
+from explorer.plan import PlanError, evaluate_each, evaluate_on
+
+PLATFORM = "a100-pcie-8"
+
+
+def _args(batch: int) -> tuple[Any, ...]:
+    params = {"w_in": jnp.ones((64, 128)), "w_out": jnp.ones((128, 64))}
+    return params, optax.sgd(0.1).init(params), jnp.ones((batch, 64))
+
+
+def test_each_plan_is_answered_as_alone_and_a_failure_stops_only_its_plan(tmp_path: Path) -> None:
+    args = _args(16)
+    step = ex.analyze(mlp_step, *args, mesh=(4,), platform=PLATFORM, profile=False)
+    plans = [step.baseline(name) for name in ("dp", "megatron", "fsdp")]
+    alone = [evaluate_on(plan, [PLATFORM], mlp_step, *args) for plan in plans]
+    assert [a[PLATFORM].time for a in alone] == [p.time for p in plans]  # the baselines' own
+    assert evaluate_each(plans, [PLATFORM], mlp_step, *args) == alone
+
+    # a plan of another step (another batch) fails where it is lowered, the others go on
+    stranger = ex.analyze(mlp_step, *_args(32), mesh=(4,), platform=PLATFORM, profile=False)
+    mixed = [plans[0], stranger.baseline("dp"), plans[1]]
+    failures: list[tuple[int, Exception]] = []
+    answers = evaluate_each(
+        mixed, [PLATFORM], mlp_step, *args, on_error=lambda i, e: failures.append((i, e))
+    )
+    assert answers == [alone[0], None, alone[1]]
+    assert [i for i, _ in failures] == [1] and isinstance(failures[0][1], PlanError)
+    with pytest.raises(PlanError, match="the plan was made for model"):
+        evaluate_each(mixed, [PLATFORM], mlp_step, *args)
+
+    # with a store the answers are kept, and read back without lowering the step again
+    with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
+        assert evaluate_each(plans, [PLATFORM], mlp_step, *args, store=store) == alone
+        assert evaluate_each(plans, [PLATFORM], _never_lowered, *args, store=store) == alone
+
+
+def _never_lowered(*args: Any) -> Any:
+    raise AssertionError("the store holds this plan's evaluation: nothing to lower")
