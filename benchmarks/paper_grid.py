@@ -99,7 +99,11 @@ PLATFORM_MESHES = (
     ("v100-nvlink-4", ((4,),)),
     ("a100-ib-2x8", ((16,), (2, 8), (4, 4))),
 )
-QUICK_LAYERS = 2  # the quick grid's depth: profiles are depth-independent, evaluations are not
+# The quick grid's depth, in repeats of the model's layer pattern (`layer_period`): profiles
+# are depth-independent from two repeats on, evaluations are not. With one repeat the last
+# layer is also the first: the optimizer's shared scalars and a value read by the next layer's
+# first block fall into its segments, whose programs then differ from the full depth's.
+QUICK_REPEATS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +150,7 @@ def paper_cases(quick: bool) -> tuple[PaperCase, ...]:
     def case(model: str, preset: str, platform: str, mesh: tuple[int, ...], small: bool) -> Any:
         config = models.model_config(model, preset)
         batch = config.batch // 4 if small else config.batch
-        layers = QUICK_LAYERS if quick else None
+        layers = QUICK_REPEATS * config.layer_period if quick else None
         return PaperCase(model, preset, platform, mesh, batch, not small, layers, dtypes[platform])
 
     if quick:

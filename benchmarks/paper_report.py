@@ -16,7 +16,7 @@ import pandas as pd
 from benchmarks.markdown import markdown, replace_section
 from benchmarks.paper_grid import (
     BASELINES,
-    QUICK_LAYERS,
+    QUICK_REPEATS,
     README_END,
     README_START,
     WIDER_SPACES,
@@ -304,7 +304,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         "programs (cached or not, so a warm run shows its cold run's), `analyse s` this run's "
         "tracing, segmenting, profiling and solving (or reading what was kept), `solve s` what "
         "solving the frontier took (kept or not, the run's that solved it), `Alpa ILP s` "
-        "HiGHS's." + (f" Quick grid: {QUICK_LAYERS} layers per model." if run.quick else ""),
+        "HiGHS's." + (_quick_depths(run) if run.quick else ""),
         "",
         "## Goals",
         "",
@@ -406,6 +406,11 @@ def _wider_readme_lines(frame: pd.DataFrame, space: WiderSpace) -> list[str]:
             *(f"- {line}" for line in goals(view)),
         ]
     return lines
+
+
+def _quick_depths(run: PaperRun) -> str:
+    depths = ", ".join(f"{case.preset} {case.layers}" for case in run.cases)
+    return f" Quick grid: {QUICK_REPEATS} repeats of each model's layer pattern ({depths} layers)."
 
 
 def _skipped(run: PaperRun, case: PaperCase) -> bool:

@@ -130,11 +130,10 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     """`bench --paper --quick` end to end, twice: cold, then warm from the same caches.
 
     "Cold" for everything but the segment programs: their profiles start as a copy of the
-    committed full grid's (`kept/`; a layer's program is the same at any depth, though
-    MoE's two-layer step is cut into other parts and finds about a third of its own), which
-    spares CI about 15 of this test's 22 minutes on two cores (the tiny models' tests
-    profile cold). Every whole-step evaluation, ILP answer and frontier is computed here,
-    and every program `kept/` lacks is profiled."""
+    committed full grid's (`kept/`: from two repeats of its layer pattern on, a model's
+    programs are the same at any depth), which spares CI about 15 of this test's 22 minutes
+    on two cores (the tiny models' tests profile cold). Every whole-step evaluation, ILP
+    answer and frontier is computed here."""
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{PAPER_START}\nold\n{PAPER_END}\n\ntail\n")
     cache = tmp_path / "paper.sqlite"
@@ -173,6 +172,8 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
     assert list(compiled["predicted_s"]) == list(compiled["evaluated_s"])
     assert (cfp["programs"] > 0).all() and (cfp["analyse_s"] > 0).all()
     assert (cfp["profiling_s"] > 0).all()
+    # the quick depth is the full depth's programs: a miss would profile cold (CI's minutes)
+    assert list(cfp["programs_from_cache"]) == list(cfp["programs"])
     assert frame.loc[frame["plan"] == "alpa", "alpa_variables"].gt(0).all()
 
     updated = readme.read_text()

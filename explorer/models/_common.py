@@ -112,6 +112,11 @@ class BaseConfig:
         return self.hidden // self.heads
 
     @property
+    def layer_period(self) -> int:
+        """Layers in the stack's repeating pattern (1: every layer is alike)."""
+        return 1
+
+    @property
     def jnp_dtype(self) -> jnp.dtype:
         return jnp.dtype(self.dtype)
 

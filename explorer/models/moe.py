@@ -56,6 +56,10 @@ class MoEConfig(c.BaseConfig):
         """GShard capacity per expert and group for top-2 routing."""
         return math.ceil(self.capacity_factor * 2 * self.expert_group_size / self.num_experts)
 
+    @property
+    def layer_period(self) -> int:
+        return self.moe_interval
+
     def is_moe_layer(self, i: int) -> bool:
         return i % self.moe_interval == self.moe_interval - 1
 
