@@ -33,11 +33,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: object, exitstatus: int) -> None:
-    """Remove the session's shared profile cache (see helpers.SHARED_CACHE) and the stores
-    kept beside it: `analyze`'s frontiers, and the paper bench's evaluations, ILP answers
-    and XLA:GPU memory figures."""
+    """Remove the session's shared profile cache (see helpers.SHARED_CACHE; written to the
+    seed first when asked, see profile_seed) and the stores kept beside it: `analyze`'s
+    frontiers, and the paper bench's evaluations, ILP answers and XLA:GPU memory figures."""
     from helpers import SHARED_CACHE
+    from profile_seed import SEED, harvest, programs
 
+    # what this run profiled beyond the seed: many programs means the seed is out of date
+    print(f"\nshared profile cache: {programs(SHARED_CACHE)} programs, {programs(SEED)} seeded")
+    written = harvest(SHARED_CACHE)
+    if written is not None:
+        print(f"profile seed written: {written} ({programs(written)} programs)")
     beside = (".frontiers.sqlite", ".evaluations.sqlite", ".alpa.sqlite", ".gpu-memory.sqlite")
     for store in (SHARED_CACHE, *(SHARED_CACHE.with_suffix(name) for name in beside)):
         for suffix in ("", "-wal", "-shm"):

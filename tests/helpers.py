@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import profile_seed
 
 import explorer as ex
 from explorer.blocks import build_blocks
@@ -23,7 +24,9 @@ MODEL_NAMES = ("gpt", "llama", "bert", "moe")
 
 # One profile cache for the whole test session: compiled profiles are keyed by program, mesh
 # and backend (not platform, not model size), so modules profiling tiny GPT share their work.
+# It starts from the committed seed of the tiny models' profiles (tests/profile_seed.py).
 SHARED_CACHE = Path(tempfile.gettempdir()) / f"explorer-tests-{os.getpid()}.sqlite"
+profile_seed.plant(SHARED_CACHE)
 
 
 @cache
