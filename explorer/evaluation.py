@@ -183,13 +183,12 @@ def evaluate_each(
         try:
             for index, plan in enumerate(plans):
                 try:
-                    kept = _kept_evaluations(plan, targets, store)
-                    lowered = None if kept is not None else lower_step(plan, step, args).lowered
+                    answers[index] = _kept_evaluations(plan, targets, store)
+                    if answers[index] is not None:
+                        continue
+                    lowered = lower_step(plan, step, args).lowered
                 except Exception as err:
                     failed(index, err)
-                    continue
-                if lowered is None:
-                    answers[index] = kept
                     continue
                 in_flight[index] = pool.submit(compile_to_text, lowered, workers)
                 # a lowered step can be large: no more of them wait than the pool compiles
