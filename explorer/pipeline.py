@@ -181,6 +181,7 @@ def analyze(
             progress=progress,
             only=only,
             cancel=cancel,
+            dependencies=dependencies,
         )
         kept_at = frontier_store_path(store.path if store.in_memory_since is None else None)
     model = build_cost_model(segments, profiled, dependencies, loop_twins(graph, blocks.blocks))

@@ -13,6 +13,7 @@ A100 does 19.5 TFLOP/s in f32, 156 in tf32 and 312 in bf16), keyed by the names
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -269,9 +270,7 @@ class Platform:
                 f"collective axes {list(collective_axes)} name {unknown}, which mesh {mesh} "
                 f"does not have; expected axes among {list(mesh.names)}"
             )
-        ids = np.arange(mesh.size).reshape(mesh.shape)
-        index = tuple(slice(None) if n in collective_axes else 0 for n in mesh.names)
-        return sorted(int(d) for d in np.ravel(ids[index]))
+        return list(_replica_group(tuple(collective_axes), mesh))
 
     def price(self, collective: Collective, mesh: MeshSpec) -> float:
         """Seconds for a collective parsed from HLO, on a mesh laid over this platform.
@@ -384,3 +383,11 @@ class Platform:
 
 # What users may pass as a platform: a `Platform`, a preset name or a platform file's path.
 PlatformLike: TypeAlias = Platform | str | Path
+
+
+@functools.lru_cache(maxsize=1024)
+def _replica_group(collective_axes: tuple[str, ...], mesh: MeshSpec) -> tuple[int, ...]:
+    # Pricing a warm cache asks this for the same few groups tens of thousands of times.
+    ids = np.arange(mesh.size).reshape(mesh.shape)
+    index = tuple(slice(None) if n in collective_axes else 0 for n in mesh.names)
+    return tuple(sorted(int(d) for d in np.ravel(ids[index])))

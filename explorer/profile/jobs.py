@@ -107,16 +107,22 @@ class _Context:
     platform: Any
     backend: Backend
     time_limit_factor: float
+    # `instance_dependencies` of the step where the caller has them already (`analyze`):
+    # placing the whole step to find them takes seconds at full depth
+    known_dependencies: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         self.platform_id = _platform_id(self.platform)
         self.first: dict[int, SegmentInstance] = {}
         for instance in self.segmentation.instances:
             self.first.setdefault(instance.unique_id, instance)
-        self.dependencies = instance_dependencies(
-            self.graph, self.analysis, self.segmentation, self.mesh
+        self.dependencies = (
+            self.known_dependencies
+            if self.known_dependencies is not None
+            else instance_dependencies(self.graph, self.analysis, self.segmentation, self.mesh)
         )
         self.twins = loop_twins(self.graph, self.analysis.blocks)
+        self.prices: dict[tuple[Any, ...], float] = {}  # see `records.reprice`
         self.owner = input_owners(self.graph, self.segmentation)
         self.settled = settled_values(self.graph)
 

@@ -75,7 +75,7 @@ def _profile(job: _Job, record: ProfileRecord, context: _Context, was_cached: bo
     combined: tuple[tuple[str, int, float], ...] = ()
     if record.status == "ok":
         if context.backend is Backend.COMPILED:
-            t_comm, t_comp = reprice(record, context.platform, context.mesh)
+            t_comm, t_comp = reprice(record, context.platform, context.mesh, context.prices)
         saved, combined = combinable_latency(record.collectives, context.platform, context.mesh)
         # combinable all-reduces pay their latency once per combined bucket of the whole
         # step (cost.CostModel), not once per segment
@@ -122,11 +122,24 @@ def collective_from_json(entry: dict[str, Any], nbytes: int | None = None) -> Co
     )
 
 
-def reprice(record: ProfileRecord, platform: Any, mesh: MeshSpec) -> tuple[float, float]:
-    """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost."""
-    t_comm = sum(
-        platform.price(collective_from_json(c), mesh) for c in json.loads(record.collectives)
-    )
+def reprice(
+    record: ProfileRecord,
+    platform: Any,
+    mesh: MeshSpec,
+    prices: dict[tuple[Any, ...], float] | None = None,
+) -> tuple[float, float]:
+    """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost.
+
+    `prices` keeps each collective's price by its entry, for the next record on the same
+    platform and mesh: a warm run reprices thousands of records with a few hundred shapes."""
+    prices = {} if prices is None else prices
+    t_comm = 0.0
+    for entry in json.loads(record.collectives):
+        key = tuple(sorted((name, str(value)) for name, value in entry.items()))
+        price = prices.get(key)
+        if price is None:
+            price = prices[key] = platform.price(collective_from_json(entry), mesh)
+        t_comm += price
     dots = tuple(json.loads(record.dot_flops or "{}").items())
     return t_comm, compute_time(platform, dots, record.flops, record.bytes_accessed)
 

@@ -100,6 +100,7 @@ def profile_all(
     time_limit_factor: float = DYNAMIC_LIMIT_FACTOR,
     on_program: Callable[[int], None] | None = None,
     cancel: threading.Event | None = None,
+    dependencies: tuple[tuple[int, ...], ...] | None = None,
 ) -> Profiles:
     """Profile every unique segment configuration and boundary; one profile per program.
 
@@ -114,6 +115,9 @@ def profile_all(
     `cancel` is checked before each program is started: once it is set, the programs
     already compiling are finished and cached, no other starts, and `ProfilingCancelled`
     says how many were done.
+
+    `dependencies`, the step's `instance_dependencies` where the caller has them, saves
+    finding them again.
     """
     backend = Backend(backend)
     if backend is Backend.MEASURED and jax.device_count() != mesh.size:
@@ -127,7 +131,15 @@ def profile_all(
     cache = cache if cache is not None else ProfileCache(None)
     jax_mesh = make_mesh(mesh)
     context = _Context(
-        graph, analysis, segmentation, mesh, jax_mesh, platform, backend, time_limit_factor
+        graph,
+        analysis,
+        segmentation,
+        mesh,
+        jax_mesh,
+        platform,
+        backend,
+        time_limit_factor,
+        known_dependencies=dependencies,
     )
     priced = itertools.count(1)
     tick = None if on_program is None else (lambda: on_program(next(priced)))
