@@ -18,12 +18,16 @@ nothing it compiled or solved before.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import pickle
+import subprocess
+import tempfile
 import threading
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -512,6 +516,7 @@ def run_paper(
     only: Sequence[str] | None = None,
     gpu_memory: str = "kept",
     wider: dict[str, str] | None = None,
+    jobs: int = 1,
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
     path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
@@ -522,35 +527,108 @@ def run_paper(
     minute a plan at the paper's scale), "kept" shows what the store kept from such a run.
     `wider` (by row of `WIDER_SPACES`): "compile" also profiles that space of CFP's (rows
     "cfp_zero" and "cfp_zero_gpu" for ZeRO twins, say), "kept" (the default) shows its rows
-    where the profile cache holds that whole space, "off" leaves it out."""
-    from explorer.alpa import IlpAnswerStore
-    from explorer.evaluation_store import EvaluationStore
+    where the profile cache holds that whole space, "off" leaves it out.
+    `jobs` runs that many cases at once, each in a process of its own (`paper_worker`): a
+    warm case keeps one core busy, so a warm run on N cores takes about 1/N of the time.
+    Cold, each process compiles with its own workers: more memory, no faster on 2 cores.
+    The report is the same either way; rows keep the grid's order."""
+    from explorer.errors import InputError
 
+    if not (isinstance(jobs, int) and jobs >= 1):
+        raise InputError(f"jobs: expected a whole number of processes >= 1, found {jobs!r}")
     grid = tuple(cases) if cases is not None else paper_cases(quick)
     if only is not None:
         grid = select_cases(grid, only)
     if cache is None:
         cache = DEFAULT_CACHE.expanduser() if quick else KEPT_CACHE
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
-    run.gpu_memory, run.wider = gpu_memory, dict(wider or {})
+    run.gpu_memory, run.wider, run.jobs = gpu_memory, dict(wider or {}), jobs
+    if jobs == 1:
+        _run_here(run, grid, readme)
+    else:
+        _run_in_processes(run, grid, readme, jobs)
+    report = write_report(run, finished=True, readme=readme)
+    minutes = (time.perf_counter() - run.started) / 60
+    log(f"paper grid: {len(run.done)} of {len(grid)} cases in {minutes:.1f} min")
+    return report
+
+
+@contextlib.contextmanager
+def open_stores(run: PaperRun) -> Iterator[tuple[Any, Any, Any]]:
+    """The stores kept beside `run.cache` (whole-step evaluations, ILP answers, XLA:GPU
+    memory), open on `run` while the block runs; it is given the three."""
+    from explorer.alpa import IlpAnswerStore
+    from explorer.evaluation_store import EvaluationStore
+
+    cache = run.cache
     with (
         EvaluationStore(cache.with_suffix(".evaluations.sqlite")) as store,
         IlpAnswerStore(cache.with_suffix(".alpa.sqlite")) as answers,
         EvaluationStore(cache.with_suffix(".gpu-memory.sqlite")) as gpu_memories,
     ):
-        run.evaluations, run.ilp_answers = store, answers
-        run.gpu_memories = gpu_memories
+        run.evaluations, run.ilp_answers, run.gpu_memories = store, answers, gpu_memories
+        try:
+            yield store, answers, gpu_memories
+        finally:
+            run.evaluations = run.ilp_answers = run.gpu_memories = None
+
+
+def _run_here(run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None) -> None:
+    with open_stores(run) as (evaluations, ilp_answers, gpu_memories):
         for case in grid:
-            log(f"== {case.label}")
+            run.log(f"== {case.label}")
             try:
                 run_case(run, case)
             except Exception as err:
                 run.failed(case.label, err)
-            run.evaluations_kept = store.hits
-            run.ilp_answers_kept = answers.hits
+            run.evaluations_kept = evaluations.hits
+            run.ilp_answers_kept = ilp_answers.hits
             run.gpu_memories_kept = gpu_memories.hits
             write_report(run, finished=False, readme=readme)  # a stopped run says so
-    report = write_report(run, finished=True, readme=readme)
-    minutes = (time.perf_counter() - run.started) / 60
-    log(f"paper grid: {len(run.done)} of {len(grid)} cases in {minutes:.1f} min")
-    return report
+
+
+def _run_in_processes(
+    run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None, jobs: int
+) -> None:
+    """`jobs` cases at a time, each in a `paper_worker` process; each result joins the run in
+    the grid's order, and the report is written after each (a stopped run says so)."""
+    from benchmarks.paper_worker import CaseRequest, CaseResult, start
+
+    wider = tuple(sorted(run.wider.items()))
+    waiting = list(enumerate(grid))
+    running: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
+    finished: dict[int, CaseResult | str] = {}
+    joined = 0
+    with tempfile.TemporaryDirectory(prefix="paper-workers-") as folder:
+        try:
+            while joined < len(grid):
+                while waiting and len(running) < jobs:
+                    index, case = waiting.pop(0)
+                    run.log(f"== {case.label}")
+                    request = CaseRequest(
+                        run.quick, case, run.out, run.cache, run.gpu_memory, wider
+                    )
+                    running[index] = start(request, Path(folder))
+                for index, (process, answer) in list(running.items()):
+                    if process.poll() is None:
+                        continue
+                    del running[index]
+                    finished[index] = (
+                        pickle.loads(answer.read_bytes())
+                        if process.returncode == 0 and answer.is_file()
+                        else f"its worker process exited with code {process.returncode}"
+                    )
+                while joined in finished:
+                    outcome = finished.pop(joined)
+                    if isinstance(outcome, CaseResult):
+                        outcome.add_to(run)
+                    else:
+                        run.failed(grid[joined].label, RuntimeError(outcome))
+                    joined += 1
+                    write_report(run, finished=False, readme=readme)
+                if running:
+                    time.sleep(0.2)
+        finally:  # stopped (Ctrl-C, say): no worker outlives the run
+            for process, _ in running.values():
+                process.kill()
+                process.wait()

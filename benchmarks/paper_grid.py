@@ -215,6 +215,7 @@ class PaperRun:
     # "kept" (the default) shows a case only where the cache holds every program of that
     # space (profiles nothing), "off" leaves that space out
     wider: dict[str, str] = field(default_factory=dict)
+    jobs: int = 1  # cases run at once, each in a process of its own (`paper_worker`)
 
     def failed(self, where: str, err: BaseException) -> None:
         line = f"{where}: {type(err).__name__}: {err}".splitlines()[0][:300]

@@ -272,6 +272,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         "python -m explorer bench --paper"
         + (" --quick" if run.quick else "")
         + (f" --only '{','.join(run.only)}'" if run.only is not None else "")
+        + (f" --jobs {run.jobs}" if run.jobs > 1 else "")
     )
     state = (
         f"in {minutes:.1f} minutes"

@@ -146,6 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "--sections", default="overhead,accuracy,quality,slider", help="comma-separated subset"
     )
+    bench.add_argument(
+        "--jobs",
+        default="1",
+        help="with --paper: run this many cases at once, each in a process of its own (a "
+        "warm regeneration on N cores takes about 1/N of the time; cold, more memory)",
+    )
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "calibrate":
@@ -361,6 +367,10 @@ def _bench(args: argparse.Namespace) -> int:
         )
     if args.only is not None and not args.paper:
         raise InputError("--only selects paper cases: expected it with --paper, found it alone")
+    if not (args.jobs.isdigit() and int(args.jobs) >= 1):
+        raise InputError(f"--jobs: expected a whole number of processes >= 1, found {args.jobs!r}")
+    if int(args.jobs) > 1 and not args.paper:
+        raise InputError("--jobs is for paper cases: expected it with --paper, found it alone")
     for flag, given in (
         ("--gpu-memory", args.gpu_memory),
         ("--shard-parameters", args.shard_parameters),
@@ -384,6 +394,7 @@ def _bench(args: argparse.Namespace) -> int:
                 "cfp_zero": "compile" if args.shard_parameters else "kept",
                 "cfp_whole": "compile" if args.whole_mesh else "kept",
             },
+            jobs=int(args.jobs),
         )
         print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
         return 0

@@ -319,6 +319,14 @@ def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFix
     for flag in ("--gpu-memory", "--shard-parameters", "--whole-mesh"):
         assert main(["bench", flag]) == 2
         assert f"{flag} is for paper cases: expected it with --paper" in capsys.readouterr().err
+    assert main(["bench", "--jobs", "2"]) == 2
+    assert "--jobs is for paper cases: expected it with --paper" in capsys.readouterr().err
+    for jobs in ("0", "two", "-1"):
+        assert main(["bench", "--paper", "--jobs", jobs]) == 2
+        err = capsys.readouterr().err
+        assert f"--jobs: expected a whole number of processes >= 1, found '{jobs}'" in err
+    with pytest.raises(InputError, match="jobs: expected a whole number of processes >= 1"):
+        run_paper(True, jobs=0)
 
 
 def test_judged_on_the_gpu_the_cfp_plan_is_the_one_chosen_by_xla_gpu_memory() -> None:
@@ -418,30 +426,43 @@ _KEPT_COLUMNS = [
 
 @pytest.mark.slow
 def test_the_committed_paper_report_is_what_its_kept_caches_give(tmp_path: Path) -> None:
-    """The committed report's rows of one case, computed again by this code from the committed
-    caches (copied: a test writes nothing into the repository). A change to the engine that
+    """The committed report's rows of two cases, computed again by this code from the
+    committed caches (copied: a test writes nothing into the repository), each case in a
+    process of its own (`jobs=2`, as a warm regeneration runs). A change to the engine that
     moves a program, a plan or a price shows here, before the report goes stale."""
     committed = pd.read_csv(PAPER_DIR / "paper.csv")
-    label = "bert_large_bf16 batch 8 on a100-pcie-8 mesh 8"
-    assert label in set(committed["case"]), "the committed report holds the case"
+    labels = [
+        "bert_large_bf16 batch 8 on a100-pcie-8 mesh 8",
+        "bert_large_bf16 batch 32 on a100-pcie-8 mesh 8",
+    ]
+    assert set(labels) <= set(committed["case"]), "the committed report holds the cases"
     for kept in KEPT_CACHE.parent.glob("*.sqlite"):
         shutil.copy(kept, tmp_path / kept.name)
-    case = next(c for c in paper_cases(quick=False) if c.label == label)
+    grid = {c.label: c for c in paper_cases(quick=False)}
     report = run_paper(
-        False, out=tmp_path / "out", cache=tmp_path / KEPT_CACHE.name, cases=[case], log=print
+        False,
+        out=tmp_path / "out",
+        cache=tmp_path / KEPT_CACHE.name,
+        cases=[grid[label] for label in labels],
+        log=print,
+        jobs=2,
     )
     again = pd.read_csv(tmp_path / "out" / "paper.csv")
-    mine = committed[committed["case"] == label].reset_index(drop=True)
-    assert list(again["plan"]) == list(mine["plan"])
-    for column in _KEPT_COLUMNS:  # exactly; the committed file's dtypes follow its other cases
-        pd.testing.assert_series_equal(
-            again[column], mine[column], check_dtype=False, check_exact=True, obj=column
-        )
+    assert list(again["case"].drop_duplicates()) == labels  # the grid's order, not finishing's
+    for label in labels:
+        mine = committed[committed["case"] == label].reset_index(drop=True)
+        theirs = again[again["case"] == label].reset_index(drop=True)
+        assert list(theirs["plan"]) == ["cfp", *BASELINES, "cfp_gpu"]
+        for column in _KEPT_COLUMNS:  # exactly; the committed file's dtypes follow its others
+            pd.testing.assert_series_equal(
+                theirs[column], mine[column], check_dtype=False, check_exact=True, obj=column
+            )
     text = report.read_text()
-    # the five plans and CFP's plan on the GPU, and FSDP's and the ILP's once more: each is
-    # priced by its whole step
-    assert "; 8 whole-step evaluations read from the evaluation store" in text, text
+    assert "--jobs 2` in " in text and "2 of 2 cases done" in text, text
+    assert "## Failures\n\nNone." in text, text
+    # per case, the five plans and CFP's plan on the GPU, and FSDP's and the ILP's once more:
+    # each is priced by its whole step; the workers' counts add up
+    assert "; 16 whole-step evaluations read from the evaluation store" in text, text
     # XLA:GPU's memory of the five plans, and of the fastest frontier plan (it fits)
-    assert "(6 figures read from the store" in text, text
-    assert list(again["plan"]) == ["cfp", *BASELINES, "cfp_gpu"]
-    assert ", 1 Alpa ILP answers from the ILP store and 1 CFP frontiers from" in text, text
+    assert "(12 figures read from the store" in text, text
+    assert ", 2 Alpa ILP answers from the ILP store and 2 CFP frontiers from" in text, text
