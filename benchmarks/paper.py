@@ -608,7 +608,7 @@ def _run_in_processes(
                     request = CaseRequest(
                         run.quick, case, run.out, run.cache, run.gpu_memory, wider
                     )
-                    running[index] = start(request, Path(folder))
+                    running[index] = start(request, Path(folder), f"case-{index}")
                 for index, (process, answer) in list(running.items()):
                     if process.poll() is None:
                         continue

@@ -74,11 +74,11 @@ class CaseResult:
         run.gpu_memories_kept += self.gpu_memories_kept
 
 
-def start(request: CaseRequest, folder: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """A worker running `request`, and the file its result will be in. Its output goes to
-    this process' own (the case's progress lines)."""
+def start(request: CaseRequest, folder: Path, name: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """A worker running `request`, and the file its result will be in (`name`, unique in
+    `folder`, names its files). Its output goes to this process' own (the case's progress
+    lines)."""
     folder.mkdir(parents=True, exist_ok=True)
-    name = f"case-{os.getpid()}-{id(request):x}"
     asked, answer = folder / f"{name}.request", folder / f"{name}.result"
     asked.write_bytes(pickle.dumps(request))
     checkout = str(Path(__file__).resolve().parents[1])
