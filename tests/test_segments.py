@@ -23,6 +23,7 @@ from explorer.profile.hlo import parse_collectives
 from explorer.profile.runner import profile_all
 from explorer.realize import reshard_program, segment_program
 from explorer.segments import (
+    DEFAULT_CONFIG_CAP,
     build_segments,
     check_config_cap,
     program_count,
@@ -427,6 +428,15 @@ def test_a_type_whose_instances_depend_on_other_blocks_is_split_before_profiling
             tuple(s.name for s in blocks[b].strategies) for b in dependencies[instance.index]
         )
         assert first.setdefault(instance.unique_id, signature) == signature, instance.label
+    # splitting only renames types: each instance keeps its ops and blocks, so it depends on
+    # what it did before (`analyze` hands the dependencies it split by to profiling)
+    unsplit = build_segments(step.graph, step.block_analysis, cap=DEFAULT_CONFIG_CAP)
+    assert [(i.ops, i.blocks) for i in unsplit.instances] == [
+        (i.ops, i.blocks) for i in segments.instances
+    ]
+    assert instance_dependencies(step.graph, step.block_analysis, unsplit, step.mesh) == (
+        dependencies
+    )
     assert [u.instance_count for u in segments.unique] == [
         sum(i.unique_id == u.id for i in segments.instances) for u in segments.unique
     ]

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from explorer.errors import AnalysisError
 from explorer.ir import BlockAnalysis, Graph, Segmentation, SegmentInstance
 from explorer.layouts import (
     configuration_name,
@@ -116,9 +117,15 @@ class _Context:
         self.first: dict[int, SegmentInstance] = {}
         for instance in self.segmentation.instances:
             self.first.setdefault(instance.unique_id, instance)
+        known, instances = self.known_dependencies, len(self.segmentation.instances)
+        if known is not None and len(known) != instances:
+            raise AnalysisError(
+                f"profiling: expected the dependencies of {instances} segment instances, "
+                f"found {len(known)}; pass those of this segmentation, or none"
+            )
         self.dependencies = (
-            self.known_dependencies
-            if self.known_dependencies is not None
+            known
+            if known is not None
             else instance_dependencies(self.graph, self.analysis, self.segmentation, self.mesh)
         )
         self.twins = loop_twins(self.graph, self.analysis.blocks)
