@@ -573,17 +573,23 @@ def open_stores(run: PaperRun) -> Iterator[tuple[Any, Any, Any]]:
             run.evaluations = run.ilp_answers = run.gpu_memories = None
 
 
+def count_hits(run: PaperRun, stores: tuple[Any, Any, Any]) -> None:
+    """What `open_stores`' stores have answered from what they kept, so far, on `run`."""
+    evaluations, ilp_answers, gpu_memories = stores
+    run.evaluations_kept = evaluations.hits
+    run.ilp_answers_kept = ilp_answers.hits
+    run.gpu_memories_kept = gpu_memories.hits
+
+
 def _run_here(run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None) -> None:
-    with open_stores(run) as (evaluations, ilp_answers, gpu_memories):
+    with open_stores(run) as stores:
         for case in grid:
             run.log(f"== {case.label}")
             try:
                 run_case(run, case)
             except Exception as err:
                 run.failed(case.label, err)
-            run.evaluations_kept = evaluations.hits
-            run.ilp_answers_kept = ilp_answers.hits
-            run.gpu_memories_kept = gpu_memories.hits
+            count_hits(run, stores)
             write_report(run, finished=False, readme=readme)  # a stopped run says so
 
 

@@ -78,7 +78,6 @@ def start(request: CaseRequest, folder: Path, name: str) -> tuple[subprocess.Pop
     """A worker running `request`, and the file its result will be in (`name`, unique in
     `folder`, names its files). Its output goes to this process' own (the case's progress
     lines)."""
-    folder.mkdir(parents=True, exist_ok=True)
     asked, answer = folder / f"{name}.request", folder / f"{name}.result"
     asked.write_bytes(pickle.dumps(request))
     checkout = str(Path(__file__).resolve().parents[1])
@@ -90,7 +89,7 @@ def start(request: CaseRequest, folder: Path, name: str) -> tuple[subprocess.Pop
 
 
 def main(argv: list[str]) -> int:
-    from benchmarks.paper import open_stores, run_case
+    from benchmarks.paper import count_hits, open_stores, run_case
 
     # run as `-m`, this file is `__main__`: the result's class is pickled by its importable
     # name, which the parent unpickles
@@ -106,14 +105,12 @@ def main(argv: list[str]) -> int:
         lambda line: print(line, flush=True),
     )
     run.gpu_memory, run.wider = request.gpu_memory, dict(request.wider)
-    with open_stores(run) as (evaluations, ilp_answers, gpu_memories):
+    with open_stores(run) as stores:
         try:
             run_case(run, request.case)
         except Exception as err:
             run.failed(request.case.label, err)
-        run.evaluations_kept = evaluations.hits
-        run.ilp_answers_kept = ilp_answers.hits
-        run.gpu_memories_kept = gpu_memories.hits
+        count_hits(run, stores)
     answer.write_bytes(pickle.dumps(Result.of(run)))
     return 0
 

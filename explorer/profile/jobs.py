@@ -30,6 +30,7 @@ from explorer.profile.accounting import (
 )
 from explorer.profile.backends import MEASURED_VERSION, Backend
 from explorer.profile.cache import ProgramKey
+from explorer.profile.hlo import Collective
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
     boundary_moves,
@@ -129,7 +130,7 @@ class _Context:
             else instance_dependencies(self.graph, self.analysis, self.segmentation, self.mesh)
         )
         self.twins = loop_twins(self.graph, self.analysis.blocks)
-        self.prices: dict[tuple[Any, ...], float] = {}  # see `records.reprice`
+        self.prices: dict[Collective, float] = {}  # see `records.reprice`
         self.owner = input_owners(self.graph, self.segmentation)
         self.settled = settled_values(self.graph)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from typing import Any
 
 from explorer.mesh import MeshSpec
@@ -126,19 +127,20 @@ def reprice(
     record: ProfileRecord,
     platform: Any,
     mesh: MeshSpec,
-    prices: dict[tuple[Any, ...], float] | None = None,
+    prices: dict[Collective, float] | None = None,
 ) -> tuple[float, float]:
     """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost.
 
-    `prices` keeps each collective's price by its entry, for the next record on the same
-    platform and mesh: a warm run reprices thousands of records with a few hundred shapes."""
+    `prices` keeps each collective's price, for the next record on the same platform and
+    mesh: a warm run reprices thousands of records with a few hundred shapes."""
     prices = {} if prices is None else prices
     t_comm = 0.0
     for entry in json.loads(record.collectives):
-        key = tuple(sorted((name, str(value)) for name, value in entry.items()))
-        price = prices.get(key)
+        # the price does not depend on which ops made the collective
+        collective = replace(collective_from_json(entry), op_names=())
+        price = prices.get(collective)
         if price is None:
-            price = prices[key] = platform.price(collective_from_json(entry), mesh)
+            price = prices[collective] = platform.price(collective, mesh)
         t_comm += price
     dots = tuple(json.loads(record.dot_flops or "{}").items())
     return t_comm, compute_time(platform, dots, record.flops, record.bytes_accessed)
