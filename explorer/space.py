@@ -365,12 +365,25 @@ def wanted_layout(
     strategy: Strategy,
     value: int,
     mesh: MeshSpec | None,
+    *,
+    owned_first: bool = True,
 ) -> DimAxes:
     """The layout `block` under `strategy` wants a tensor of `value`'s shape to arrive in.
 
-    The head's operand layouts come first (the activation entering a layer), then the
-    block's own values (`produced_layout`, which says what `mesh` is for).
+    A value the block owns keeps its own layout: a cotangent its backward pass makes and
+    hands back across the boundary (the residual stream's, passed through an output
+    projection) is where the block made it. Then the head's operand layouts (the activation
+    entering a layer), then the block's other values (`produced_layout`, which says what
+    `mesh` is for). `owned_first=False` is the rule before owned values came first: the
+    head's operand layout by shape alone, which laid such a cotangent out as the projection's
+    input (split on the hidden dim) where the block holds it whole, so it was sliced where
+    made, gathered again where read, and gathered by the block's own backward dots besides.
+    `mesh=None` is the rule before tracing (see `produced_layout`), which owned_first was not.
     """
+    if owned_first and mesh is not None:
+        own = block.layout_of(value)
+        if own is not None:
+            return dim_axes(graph, own, strategy)
     shape = graph.values[value].type.shape
     for operand in block.operand_layouts:
         if graph.values[operand.layout.value].type.shape == shape:
@@ -529,12 +542,13 @@ def boundary_moves(
     *,
     last_choice: int,
     first_choice: int,
+    owned_first: bool = True,
 ) -> tuple[tuple[int, DimAxes, DimAxes], ...]:
     """What crosses boundary `boundary`, as (value, from layout, to layout), both directions.
 
     Forward: the previous instance's last block produced the activation; the next instance's
     first block wants it. Backward: the cotangent goes the opposite way. (`mesh`: see
-    `produced_layout`.)
+    `produced_layout`; `owned_first`: see `wanted_layout`.)
     """
     crossing = segmentation.boundaries[boundary]
     before = segmentation.instances[boundary]
@@ -555,7 +569,7 @@ def boundary_moves(
             return replicated_for(vid)
         block = blocks[after.blocks[0]]
         strategy = block.strategies[first_choice]
-        return wanted_layout(graph, block, strategy, vid, mesh)
+        return wanted_layout(graph, block, strategy, vid, mesh, owned_first=owned_first)
 
     forward = tuple((v, produced(v), wanted(v)) for v in crossing.forward)
     backward = tuple((v, wanted(v), produced(v)) for v in crossing.backward)
@@ -570,15 +584,51 @@ def tracing_changes(
     mesh: MeshSpec,
 ) -> bool:
     """Whether, for some pair of strategies, tracing (`produced_layout`) lays out a value
-    crossing `boundary` otherwise than the rule before it did."""
+    crossing `boundary` otherwise than the rule before it did (both without owned values
+    first, which `owned_first_changes` marks apart)."""
 
     def moves(last: int, first: int, rule: MeshSpec | None) -> tuple[object, ...]:
         return boundary_moves(
-            graph, blocks, segmentation, boundary, rule, last_choice=last, first_choice=first
+            graph,
+            blocks,
+            segmentation,
+            boundary,
+            rule,
+            last_choice=last,
+            first_choice=first,
+            owned_first=False,
         )
 
     return any(
         moves(last, first, mesh) != moves(last, first, None)
+        for last, first in boundary_choices(blocks, segmentation, boundary)
+    )
+
+
+def owned_first_changes(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    segmentation: Segmentation,
+    boundary: int,
+    mesh: MeshSpec,
+) -> bool:
+    """Whether, for some pair of strategies, a value crossing `boundary` is laid out
+    otherwise now that a block's own values come first (`wanted_layout`) than before."""
+
+    def moves(last: int, first: int, owned_first: bool) -> tuple[object, ...]:
+        return boundary_moves(
+            graph,
+            blocks,
+            segmentation,
+            boundary,
+            mesh,
+            last_choice=last,
+            first_choice=first,
+            owned_first=owned_first,
+        )
+
+    return any(
+        moves(last, first, True) != moves(last, first, False)
         for last, first in boundary_choices(blocks, segmentation, boundary)
     )
 

@@ -32,6 +32,7 @@ from explorer.space import (
     boundary_moves,
     build_space,
     changed_moves,
+    owned_first_changes,
     reshard_signatures,
     segment_input_layouts,
     shardings,
@@ -491,4 +492,44 @@ def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> 
     plain = build_segments(graph, paper)
     assert not any(
         tracing_changes(graph, paper.blocks, plain, b, spec) for b in range(len(plain.boundaries))
+    )
+
+
+def test_a_cotangent_a_block_makes_crosses_where_the_block_made_it() -> None:
+    """The same cut, backward: the residual stream's cotangent passes through the output
+    projection's backward (an add of the block's own) and crosses back to the core's part.
+    By shape it once took the projection's input layout (split on the hidden dim over every
+    device) where the projection holds it whole: sliced where made, gathered where read, a
+    move the whole step never makes. Owned values first, the flat mesh's Megatron layers
+    cross the cut with nothing to move; only the whole-mesh space's cut boundaries change
+    (their types' keys are marked), never a boundary of the paper's space."""
+    model = ex.models.build("llama", "llama_7b_bf16", layers=2, batch=2, abstract=True)
+    spec = mesh_spec((4, 2))
+    graph = ex.trace(model.step, *model.args)
+    space = step_space(graph, spec, whole_mesh=True)
+    blocks, segmentation = space.blocks, build_segments(graph, space)
+    cut = next(
+        b
+        for b, boundary in enumerate(segmentation.boundaries)
+        if segmentation.instances[b].label.endswith("part 1")
+        and graph.producer(boundary.forward[0]).primitive == "reshape"
+    )
+    core = blocks[segmentation.instances[cut].blocks[-1]]
+    projection = blocks[segmentation.instances[cut + 1].blocks[0]]
+    index = lambda block, name: [s.name for s in block.strategies].index(name)  # noqa: E731
+    pair = {"last_choice": index(core, "E@x+y"), "first_choice": index(projection, "K@x+y")}
+    now = boundary_moves(graph, blocks, segmentation, cut, spec, **pair)
+    before = boundary_moves(graph, blocks, segmentation, cut, spec, **pair, owned_first=False)
+    assert changed_moves(graph, now) == ()
+    (moved,) = changed_moves(graph, before)
+    cotangent, made, read = moved
+    assert cotangent in segmentation.boundaries[cut].backward
+    assert projection.layout_of(cotangent) is not None  # the projection's own value
+    assert (made, read) == (((), (), ("x", "y")), ((), (), ()))
+    assert owned_first_changes(graph, blocks, segmentation, cut, spec)
+    paper = step_space(graph, spec)
+    plain = build_segments(graph, paper)
+    assert not any(
+        owned_first_changes(graph, paper.blocks, plain, b, spec)
+        for b in range(len(plain.boundaries))
     )

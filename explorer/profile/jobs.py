@@ -35,6 +35,7 @@ from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
     boundary_moves,
     changed_moves,
+    owned_first_changes,
     pair_boundaries,
     reshard_signatures,
     segment_input_layouts,
@@ -64,6 +65,10 @@ MULTI_AXIS_VERSION = "leader-19"
 # was replicated there (gathered, then split again) and now follows its block through a
 # reshape or the like. Only those programs changed, so only their keys do.
 TRACED_BOUNDARIES = "traced-20"
+# Marks the key of a type where a value crossing a boundary is laid out otherwise now that a
+# block's own values come first (`space.wanted_layout`): the residual stream's cotangent an
+# output projection hands back is where the projection made it, not split like its input.
+OWNED_BOUNDARIES = "owned-21"
 
 
 def program_version(mesh: MeshSpec) -> str:
@@ -164,6 +169,8 @@ class _Context:
             program_hash = f"{_ops_digest(self.graph, instance.ops)}:{program_version(self.mesh)}"
             if self._traced_boundaries(instance.index):
                 program_hash += f":{TRACED_BOUNDARIES}"
+            if self._owned_boundaries(instance.index):
+                program_hash += f":{OWNED_BOUNDARIES}"
             for choices, context in itertools.product(space, contexts):
                 names = configuration_name(
                     blocks, instance.blocks, tuple(choices), depends, context
@@ -185,6 +192,15 @@ class _Context:
         differ from those profiled before tracing, under keys that would be the same."""
         return any(
             tracing_changes(self.graph, self.analysis.blocks, self.segmentation, b, self.mesh)
+            for b in (index - 1, index)
+            if 0 <= b < len(self.segmentation.boundaries)
+        )
+
+    def _owned_boundaries(self, index: int) -> bool:
+        """Whether a value crossing either boundary of instance `index` is laid out otherwise
+        now that owned values come first (`space.owned_first_changes`)."""
+        return any(
+            owned_first_changes(self.graph, self.analysis.blocks, self.segmentation, b, self.mesh)
             for b in (index - 1, index)
             if 0 <= b < len(self.segmentation.boundaries)
         )
