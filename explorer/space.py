@@ -378,7 +378,8 @@ def wanted_layout(
     head's operand layout by shape alone, which laid such a cotangent out as the projection's
     input (split on the hidden dim) where the block holds it whole, so it was sliced where
     made, gathered again where read, and gathered by the block's own backward dots besides.
-    `mesh=None` is the rule before tracing (see `produced_layout`), which owned_first was not.
+    `mesh=None` keeps the rule before tracing (`produced_layout`), which had no owned step
+    either (`alpa.symbolic`'s per-configuration prices use it).
     """
     if owned_first and mesh is not None:
         own = block.layout_of(value)
