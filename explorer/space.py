@@ -587,22 +587,8 @@ def tracing_changes(
     """Whether, for some pair of strategies, tracing (`produced_layout`) lays out a value
     crossing `boundary` otherwise than the rule before it did (both without owned values
     first, which `owned_first_changes` marks apart)."""
-
-    def moves(last: int, first: int, rule: MeshSpec | None) -> tuple[object, ...]:
-        return boundary_moves(
-            graph,
-            blocks,
-            segmentation,
-            boundary,
-            rule,
-            last_choice=last,
-            first_choice=first,
-            owned_first=False,
-        )
-
-    return any(
-        moves(last, first, mesh) != moves(last, first, None)
-        for last, first in boundary_choices(blocks, segmentation, boundary)
+    return _rule_changes(
+        graph, blocks, segmentation, boundary, now=(mesh, False), before=(None, False)
     )
 
 
@@ -615,8 +601,25 @@ def owned_first_changes(
 ) -> bool:
     """Whether, for some pair of strategies, a value crossing `boundary` is laid out
     otherwise now that a block's own values come first (`wanted_layout`) than before."""
+    return _rule_changes(
+        graph, blocks, segmentation, boundary, now=(mesh, True), before=(mesh, False)
+    )
 
-    def moves(last: int, first: int, owned_first: bool) -> tuple[object, ...]:
+
+def _rule_changes(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    segmentation: Segmentation,
+    boundary: int,
+    *,
+    now: tuple[MeshSpec | None, bool],
+    before: tuple[MeshSpec | None, bool],
+) -> bool:
+    """Whether two boundary rules, each `(mesh, owned_first)` as `boundary_moves` takes
+    them, move some value crossing `boundary` differently for some pair of strategies."""
+
+    def moves(last: int, first: int, rule: tuple[MeshSpec | None, bool]) -> tuple[object, ...]:
+        mesh, owned_first = rule
         return boundary_moves(
             graph,
             blocks,
@@ -629,7 +632,7 @@ def owned_first_changes(
         )
 
     return any(
-        moves(last, first, True) != moves(last, first, False)
+        moves(last, first, now) != moves(last, first, before)
         for last, first in boundary_choices(blocks, segmentation, boundary)
     )
 

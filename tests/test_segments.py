@@ -449,14 +449,12 @@ def test_a_type_whose_instances_depend_on_other_blocks_is_split_before_profiling
         assert all("(2)" not in u.label for u in plain.segments.unique)
 
 
-def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> None:
-    """LLaMA-7B on 4x2 with whole-mesh strategies cuts a layer between the attention core
-    and its output projection: what crosses is the heads merged by a reshape after the core,
-    which no block owns and no block value shares a shape with. It once crossed replicated
-    (gathered at the end of one segment, split again at the start of the next); traced
-    through the reshape to the core's split heads it crosses as it is, both ways. The layer
-    boundaries, where the rule before tracing already had a layout, are left alone (their
-    profiles stay valid), as is every boundary of the paper's space."""
+@cache
+def _llama_whole_mesh_cut() -> tuple[Any, Any, Any, Segmentation, int, dict[str, int]]:
+    """LLaMA-7B (2 layers, batch 2) on 4x2 with whole-mesh strategies: its graph, mesh,
+    blocks and segments, the boundary cutting a layer between the attention core and its
+    output projection, and the flat mesh's Megatron pair there (core `E@x+y`, projection
+    `K@x+y`) as `boundary_moves` takes it."""
     model = ex.models.build("llama", "llama_7b_bf16", layers=2, batch=2, abstract=True)
     spec = mesh_spec((4, 2))
     graph = ex.trace(model.step, *model.args)
@@ -472,6 +470,18 @@ def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> 
     projection = blocks[segmentation.instances[cut + 1].blocks[0]]
     index = lambda block, name: [s.name for s in block.strategies].index(name)  # noqa: E731
     pair = {"last_choice": index(core, "E@x+y"), "first_choice": index(projection, "K@x+y")}
+    return graph, spec, blocks, segmentation, cut, pair
+
+
+def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> None:
+    """LLaMA-7B on 4x2 with whole-mesh strategies cuts a layer between the attention core
+    and its output projection: what crosses is the heads merged by a reshape after the core,
+    which no block owns and no block value shares a shape with. It once crossed replicated
+    (gathered at the end of one segment, split again at the start of the next); traced
+    through the reshape to the core's split heads it crosses as it is, both ways. The layer
+    boundaries, where the rule before tracing already had a layout, are left alone (their
+    profiles stay valid), as is every boundary of the paper's space."""
+    graph, spec, blocks, segmentation, cut, pair = _llama_whole_mesh_cut()
     now = boundary_moves(graph, blocks, segmentation, cut, spec, **pair)
     before = boundary_moves(graph, blocks, segmentation, cut, None, **pair)  # before tracing
     heads = segmentation.boundaries[cut].forward[0]
@@ -503,21 +513,8 @@ def test_a_cotangent_a_block_makes_crosses_where_the_block_made_it() -> None:
     move the whole step never makes. Owned values first, the flat mesh's Megatron layers
     cross the cut with nothing to move; only the whole-mesh space's cut boundaries change
     (their types' keys are marked), never a boundary of the paper's space."""
-    model = ex.models.build("llama", "llama_7b_bf16", layers=2, batch=2, abstract=True)
-    spec = mesh_spec((4, 2))
-    graph = ex.trace(model.step, *model.args)
-    space = step_space(graph, spec, whole_mesh=True)
-    blocks, segmentation = space.blocks, build_segments(graph, space)
-    cut = next(
-        b
-        for b, boundary in enumerate(segmentation.boundaries)
-        if segmentation.instances[b].label.endswith("part 1")
-        and graph.producer(boundary.forward[0]).primitive == "reshape"
-    )
-    core = blocks[segmentation.instances[cut].blocks[-1]]
+    graph, spec, blocks, segmentation, cut, pair = _llama_whole_mesh_cut()
     projection = blocks[segmentation.instances[cut + 1].blocks[0]]
-    index = lambda block, name: [s.name for s in block.strategies].index(name)  # noqa: E731
-    pair = {"last_choice": index(core, "E@x+y"), "first_choice": index(projection, "K@x+y")}
     now = boundary_moves(graph, blocks, segmentation, cut, spec, **pair)
     before = boundary_moves(graph, blocks, segmentation, cut, spec, **pair, owned_first=False)
     assert changed_moves(graph, now) == ()

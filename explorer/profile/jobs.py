@@ -190,17 +190,17 @@ class _Context:
         """Whether tracing lays out a value crossing either boundary of instance `index`
         otherwise than the rule before it (`space.tracing_changes`): such a type's programs
         differ from those profiled before tracing, under keys that would be the same."""
-        return any(
-            tracing_changes(self.graph, self.analysis.blocks, self.segmentation, b, self.mesh)
-            for b in (index - 1, index)
-            if 0 <= b < len(self.segmentation.boundaries)
-        )
+        return self._either_boundary(index, tracing_changes)
 
     def _owned_boundaries(self, index: int) -> bool:
         """Whether a value crossing either boundary of instance `index` is laid out otherwise
         now that owned values come first (`space.owned_first_changes`)."""
+        return self._either_boundary(index, owned_first_changes)
+
+    def _either_boundary(self, index: int, changes: Callable[..., bool]) -> bool:
+        """Whether `changes` holds at the boundary before or after instance `index`."""
         return any(
-            owned_first_changes(self.graph, self.analysis.blocks, self.segmentation, b, self.mesh)
+            changes(self.graph, self.analysis.blocks, self.segmentation, b, self.mesh)
             for b in (index - 1, index)
             if 0 <= b < len(self.segmentation.boundaries)
         )
