@@ -28,6 +28,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +94,15 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
             cost["alpa_total_s"] = time.perf_counter() - begun
     gpu = _on_gpu(run, case, analysis, plans=plans, notes=notes, step=step, args=args)
     costs = {"cfp": cost, "cfp_gpu": cost}
+    analyses = {"cfp": analysis}  # the space each CFP row's plan was chosen from
     for space in WIDER_SPACES:
         wider = _with_wider_space(
             run, case, platform, space, plans=plans, notes=notes, gpu=gpu, step=step, args=args,
             traced=analysis.graph,
         )  # fmt: skip
         if wider is not None:
-            costs[space.row] = costs[space.gpu_row] = wider
+            costs[space.row] = costs[space.gpu_row] = wider.cost
+            analyses[space.row] = wider.analysis
     truths = _evaluate_all(run, case, plans, step, args)
     wider_rows = (row for space in WIDER_SPACES for row in (space.row, space.gpu_row))
     for name in ("cfp", *BASELINES, "cfp_gpu", *wider_rows):
@@ -126,7 +129,10 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         )
         if name == "cfp" and plan is not None:
             run.rows[-1]["cfp_space_min_s"] = min(fitting) if fitting else math.nan
-    _explain_losses(run, case, analysis, plans, truths=truths, capacity=capacity)
+    for row, space_analysis in analyses.items():
+        _explain_losses(
+            run, case, space_analysis, plans, truths=truths, capacity=capacity, cfp_row=row
+        )
     run.done.append(case.label)
     run.log(f"   {case.label}: {time.perf_counter() - began:.0f} s")
 
@@ -225,10 +231,11 @@ def _with_wider_space(
     step: Any,
     args: Any,
     traced: Any,
-) -> dict[str, Any] | None:
+) -> WiderAnalysis | None:
     """CFP over a space wider than the paper's: its plan within the device memory
     (`space.row`) and the one XLA:GPU's memory chooses (`space.gpu_row`), added to `plans`
-    (their XLA:GPU memory to `gpu`); the analysis' search cost, as `run_case` reports it.
+    (their XLA:GPU memory to `gpu`); the analysis and its search cost, as `run_case` reports
+    it.
     `traced` is the step's graph from the paper space's analysis, not traced again.
     None where the space is the paper's (a 2-D widening on a 1-D mesh), or where the run
     keeps to the cache ("kept") and the cache lacks a program of that space, or where the
@@ -280,7 +287,16 @@ def _with_wider_space(
         )
     )  # fmt: skip
     plans.update(mine)
-    return cost
+    return WiderAnalysis(analysis, cost)
+
+
+@dataclass(frozen=True, slots=True)
+class WiderAnalysis:
+    """A wider space's analysis of a case (for the blocks where a baseline beats its plan)
+    and what searching it cost."""
+
+    analysis: Any
+    cost: dict[str, Any]
 
 
 def _baseline(run: PaperRun, analysis: Any, name: str, capacity: int) -> tuple[Any, str]:
@@ -380,10 +396,12 @@ def _explain_losses(
     *,
     truths: dict[str, Any],
     capacity: int,
+    cfp_row: str = "cfp",
 ) -> None:
-    """For every baseline that fits and beats the CFP plan on the truth: the blocks whose
-    strategy differs and the collectives of the two compiled steps that differ."""
-    cfp, cfp_truth = plans.get("cfp"), truths.get("cfp")
+    """For every baseline that fits and beats the CFP plan of `cfp_row` (the paper's space's
+    or a wider one's, chosen from `analysis`) on the truth: the blocks whose strategy differs
+    and the collectives of the two compiled steps that differ."""
+    cfp, cfp_truth = plans.get(cfp_row), truths.get(cfp_row)
     if cfp is None or cfp_truth is None:
         return
     for name in BASELINES:
@@ -395,6 +413,7 @@ def _explain_losses(
         run.losses.append(
             {
                 "case": case.label,
+                "cfp": cfp_row,
                 "baseline": name,
                 "ratio": truth.time / cfp_truth.time,
                 "blocks": _block_difference(analysis, cfp, other),

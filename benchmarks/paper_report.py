@@ -213,7 +213,30 @@ def judged_on_gpu(frame: pd.DataFrame, chosen: str = "cfp_gpu") -> pd.DataFrame:
     return judged
 
 
-def _wider_space_lines(frame: pd.DataFrame, done: int, space: WiderSpace) -> list[str]:
+def _loss_lines(losses: list[dict[str, Any]], frame: pd.DataFrame, cfp_row: str) -> list[str]:
+    """Where a baseline beats the CFP plan of `cfp_row` (the paper's space's or a wider
+    one's): each such baseline with the blocks and collectives that differ, then each case
+    where a baseline fits the device and no plan of that space does."""
+    mine = [loss for loss in losses if loss["cfp"] == cfp_row]
+    lines = [
+        f"- **{loss['case']}**, {loss['baseline']} ({loss['ratio']:.2f}x): "
+        f"{loss['blocks']}. Collectives: {loss['collectives']}. {loss['time']}."
+        for loss in mine
+    ]
+    lost_on_memory = unfitted(as_cfp(frame, cfp_row)) if "plan" in frame else []
+    for unfit in lost_on_memory:
+        fitting = ", ".join(
+            f"{name} {1e3 * row['evaluated_s']:.0f} ms in {row['evaluated_memory'] / 2**30:.1f} GiB"
+            for name, row in unfit["baselines"]
+        )
+        verb = "fits" if len(unfit["baselines"]) == 1 else "fit"
+        lines.append(f"- **{unfit['case']}**: {unfit['cfp']['note']}; {fitting} {verb}.")
+    return lines or ["Nowhere among the cases done."]
+
+
+def _wider_space_lines(
+    frame: pd.DataFrame, done: int, space: WiderSpace, losses: list[dict[str, Any]]
+) -> list[str]:
     """The report's section on one of CFP's wider spaces, where some case has it."""
     wider = as_cfp(frame, space.row) if "plan" in frame else frame.iloc[0:0]
     lines = [
@@ -231,6 +254,8 @@ def _wider_space_lines(frame: pd.DataFrame, done: int, space: WiderSpace) -> lis
     lines += [*(f"- {line}" for line in goals(wider)), ""]
     lines += [markdown(headline(wider)), markdown(case_table(wider))]
     lines += _approximate_lines(wider)
+    lines += ["Where a baseline beats this space's CFP plan:", ""]
+    lines += [*_loss_lines(losses, frame, space.row), ""]
     on_gpu = judged_on_gpu(frame, space.gpu_row)
     if not on_gpu.empty:
         lines += [
@@ -319,22 +344,8 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         markdown(case_table(frame)) if not frame.empty else "_(no case done yet)_\n",
         "## Where a baseline beats CFP",
         "",
+        *_loss_lines(run.losses, frame, "cfp"),
     ]
-    lost_on_memory = unfitted(frame) if not frame.empty else []
-    for loss in run.losses:
-        lines += [
-            f"- **{loss['case']}**, {loss['baseline']} ({loss['ratio']:.2f}x): "
-            f"{loss['blocks']}. Collectives: {loss['collectives']}. {loss['time']}.",
-        ]
-    for unfit in lost_on_memory:
-        fitting = ", ".join(
-            f"{name} {1e3 * row['evaluated_s']:.0f} ms in {row['evaluated_memory'] / 2**30:.1f} GiB"
-            for name, row in unfit["baselines"]
-        )
-        verb = "fits" if len(unfit["baselines"]) == 1 else "fit"
-        lines.append(f"- **{unfit['case']}**: {unfit['cfp']['note']}; {fitting} {verb}.")
-    if not run.losses and not lost_on_memory:
-        lines.append("Nowhere among the cases done.")
     lines += ["", "## Judged on XLA:GPU's memory", ""]
     on_gpu = judged_on_gpu(frame) if not frame.empty else frame
     lines += [
@@ -355,7 +366,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         for unfit in unfitted(on_gpu):
             lines.append(f"- **{unfit['case']}**: {unfit['cfp']['note']}.")
     for space in WIDER_SPACES:
-        lines += _wider_space_lines(frame, len(run.done), space)
+        lines += _wider_space_lines(frame, len(run.done), space, run.losses)
     lines += ["", "## Not run", ""]
     lines += [f"- {line}" for line in run.skipped]
     lines += [f"- {label}: not reached before the run ended" for label in missing]

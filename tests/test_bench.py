@@ -242,6 +242,18 @@ def test_a_wider_space_refused_exactly_is_solved_approximately_and_reported_so(
     text = report.read_text()
     assert f"Approximate frontier: **{case.label}**" in text, text
     assert f"less than {whole['frontier_slack_mib']:.0f} MiB more" in text
+    # the section names exactly the baselines that fit and beat this space's plan
+    section = text.split("Where a baseline beats this space's CFP plan:")[1].split("\n\n")[1]
+    faster = frame[
+        frame["plan"].isin(BASELINES)
+        & frame["fits"]
+        & (frame["evaluated_s"] < whole["evaluated_s"])
+    ]
+    named = sorted(line.split(", ")[1].split(" (")[0] for line in section.splitlines()
+                   if line.startswith("- **"))  # fmt: skip
+    assert named == sorted(faster["plan"]), section
+    if faster.empty:
+        assert section == "Nowhere among the cases done."
 
 
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(
@@ -374,6 +386,37 @@ def test_with_zero_twins_the_cfp_plan_is_that_space_s_and_each_judgement_keeps_i
     assert goals(plain_gpu)[0].startswith(
         "CFP at least as fast as every baseline that fits: 1 of 2"
     )
+
+
+def test_each_space_says_where_a_baseline_beats_its_own_cfp_plan() -> None:
+    """A loss belongs to the CFP plan it was found against: the paper space's in the main
+    section, a wider space's in that space's section; a case where a baseline fits and no
+    plan of a space does is that space's loss only."""
+    from benchmarks.paper_report import _loss_lines
+
+    def row(case: str, plan: str, seconds: float, note: str = "") -> dict[str, Any]:
+        return {
+            "case": case, "model": "m", "plan": plan, "evaluated_s": seconds,
+            "fits": math.isfinite(seconds), "evaluated_memory": 30 * 2**30, "note": note,
+        }  # fmt: skip
+
+    rows = [row("a", "cfp", 2.0), row("a", "alpa", 1.5), row("a", "cfp_whole", 1.4),
+            row("b", "cfp", math.nan, "no plan fits 40 GiB"), row("b", "fsdp", 3.0),
+            row("b", "cfp_whole", 2.5)]  # fmt: skip
+    frame = pd.DataFrame(rows)
+
+    def loss(cfp: str) -> dict[str, Any]:
+        return {"case": "a", "cfp": cfp, "baseline": "alpa", "ratio": 0.75, "blocks": "B",
+                "collectives": "C", "time": "T"}  # fmt: skip
+
+    paper = _loss_lines([loss("cfp")], frame, "cfp")
+    assert paper == [
+        "- **a**, alpa (0.75x): B. Collectives: C. T.",
+        "- **b**: no plan fits 40 GiB; fsdp 3000 ms in 30.0 GiB fits.",
+    ]
+    # the whole-mesh plans beat every baseline and fit: nothing is that space's loss
+    assert _loss_lines([loss("cfp")], frame, "cfp_whole") == ["Nowhere among the cases done."]
+    assert _loss_lines([loss("cfp_whole")], frame, "cfp_whole")[0].startswith("- **a**, alpa")
 
 
 def test_the_library_imports_no_benchmark_harness() -> None:
