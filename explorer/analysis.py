@@ -26,7 +26,7 @@ from explorer.plan_build import unpriced_segments
 from explorer.plan_types import InstanceChoice
 from explorer.segments import ProgramCount, program_count
 from explorer.solve import Frontier
-from explorer.space import config_count, reshard_signatures
+from explorer.space import changed_boundary_rules, config_count, reshard_signatures
 from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
@@ -58,6 +58,12 @@ class SegmentedStep:
     @property
     def blocks(self) -> tuple[ParallelBlock, ...]:
         return self.block_analysis.blocks
+
+    def _boundary_rules(self) -> tuple[str, ...]:
+        """The boundary rules that changed how this segmentation's boundaries are placed
+        (`space.changed_boundary_rules`), recorded in its plans: computed here, where few
+        plans are made; an `Analysis` computes them once."""
+        return changed_boundary_rules(self.graph, self.blocks, self.segments, self.mesh)
 
     @property
     def program_counts(self) -> ProgramCount:
@@ -153,6 +159,7 @@ class SegmentedStep:
         a restricted run left out), priced by compiling the whole step under it."""
         names = [b.strategies[c].name for b, c in zip(self.blocks, per_block, strict=True)]
         segments = unpriced_segments(self.segments, names)
+        rules = self._boundary_rules()
 
         def plan_with(time: float, memory: int) -> Plan:
             return make_plan(
@@ -169,6 +176,7 @@ class SegmentedStep:
                 memory_eq9=memory,
                 budget=None,
                 parameter_layouts=layouts,
+                boundary_rules=rules,
             )
 
         return self._priced_by_evaluation(plan_with, evaluations)
@@ -247,6 +255,11 @@ class Analysis(SegmentedStep):
     frontier_store: Path | None = None
     # bytes: every frontier's, where the space is too wide to solve exactly (`analyze`)
     memory_resolution: int = 0
+    # `space.changed_boundary_rules` of the segmentation, recorded in every plan made here
+    boundary_rules: tuple[str, ...] = ()
+
+    def _boundary_rules(self) -> tuple[str, ...]:
+        return self.boundary_rules
 
     @property
     def profiled(self) -> bool:
@@ -413,6 +426,7 @@ class Analysis(SegmentedStep):
             memory=model.memory(selection),
             memory_eq9=model.memory_eq9(selection),
             budget=budget,
+            boundary_rules=self.boundary_rules,
         )
 
     def _summary_lines(self) -> list[str]:

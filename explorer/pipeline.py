@@ -19,7 +19,7 @@ from explorer.errors import InputError
 from explorer.frontier_store import frontier_store_path, solve_kept
 from explorer.mesh import MeshLike
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
-from explorer.space import step_space
+from explorer.space import changed_boundary_rules, step_space
 from explorer.trace import ArgRoles, trace, traced_again
 from explorer.units import BytesLike, parse_bytes
 
@@ -202,4 +202,5 @@ def analyze(
         ),
         kept_at,
         resolution,
+        changed_boundary_rules(graph, blocks.blocks, segments, spec),
     )

@@ -68,6 +68,7 @@ def make_plan(
     memory_eq9: int,
     budget: float | None,
     parameter_layouts: dict[str, DimAxes] | None = None,
+    boundary_rules: tuple[str, ...] = (),
 ) -> Plan:
     assignment = shardings(graph, blocks.blocks, config, mesh, parameter_layouts)
     values = dict(assignment.values)
@@ -105,6 +106,7 @@ def make_plan(
         blocks=tuple(choices),
         parameters=parameters,
         predicted=Prediction(time, int(memory), int(memory_eq9), budget),
+        boundary_rules=boundary_rules,
     )
 
 
@@ -180,6 +182,7 @@ def _finish(
     values: tuple[tuple[int, DimAxes], ...] | None = None,
     operands: tuple[tuple[tuple[int, int], DimAxes], ...] | None = None,
     ilp: IlpReport | None = None,
+    boundary_rules: tuple[str, ...] = (),
 ) -> Plan:
     from explorer import __version__
     from explorer.platforms import resolve_platform
@@ -206,4 +209,5 @@ def _finish(
         values=values,
         operands=operands,
         ilp=ilp,
+        boundary_rules=boundary_rules,
     )

@@ -87,6 +87,8 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         document["operands"] = {f"{o}:{p}": spec_to_json(d) for (o, p), d in plan.operands}
     if plan.ilp is not None:
         document["ilp"] = _fields_set(plan.ilp)
+    if plan.boundary_rules:  # absent where none applies: such plans keep their old digest
+        document["boundary_rules"] = list(plan.boundary_rules)
     return document
 
 
@@ -200,6 +202,7 @@ def plan_from_json(document: Any, where: str = "<plan document>") -> Plan:
         if "operands" in document
         else None,
         ilp=None if ilp is None else IlpReport(**ilp),
+        boundary_rules=tuple(document.get("boundary_rules", ())),
     )
 
 

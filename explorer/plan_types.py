@@ -129,6 +129,9 @@ class Plan:
     values: tuple[tuple[int, DimAxes], ...] | None = None
     operands: tuple[tuple[tuple[int, int], DimAxes], ...] | None = None
     ilp: IlpReport | None = None
+    # the boundary rules that changed how this plan's segments are placed in its whole step
+    # (`space.changed_boundary_rules`): part of what decides its compiled program
+    boundary_rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_sorted([path for path, _ in self.parameters], "parameters")

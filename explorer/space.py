@@ -606,6 +606,37 @@ def owned_first_changes(
     )
 
 
+# Marks what a boundary rule changed, where it changed a boundary of a segmentation: the keys
+# of the programs of such a segment type (profile/jobs.py) and the plans cut by such a
+# segmentation (their whole step: evaluation.py), so that nothing made under the rule before
+# is read back as if it were the same program.
+# `tracing_changes`: a value crossing a boundary that neither block owns, nor has the shape of
+# one of theirs, was replicated there (gathered, then split again) and now follows its block
+# through a reshape or the like.
+TRACED_BOUNDARIES = "traced-20"
+# `owned_first_changes`: the residual stream's cotangent an output projection hands back is
+# where the projection made it, not split like its input.
+OWNED_BOUNDARIES = "owned-21"
+
+
+def changed_boundary_rules(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    segmentation: Segmentation,
+    mesh: MeshSpec,
+) -> tuple[str, ...]:
+    """The marks of the boundary rules that lay out some value crossing some boundary of
+    `segmentation` otherwise than before them, for some pair of strategies: a plan cut by it
+    may compile to another whole step than it did before the rule."""
+    boundaries = range(len(segmentation.boundaries))
+    checks = ((TRACED_BOUNDARIES, tracing_changes), (OWNED_BOUNDARIES, owned_first_changes))
+    return tuple(
+        mark
+        for mark, changes in checks
+        if any(changes(graph, blocks, segmentation, b, mesh) for b in boundaries)
+    )
+
+
 def _rule_changes(
     graph: Graph,
     blocks: tuple[ParallelBlock, ...],

@@ -45,6 +45,19 @@ def test_a_plan_file_reads_and_writes_back_byte_identical(source: str, tmp_path:
     assert ex.load_plan(written) == plan
 
 
+def test_a_plan_placed_under_a_changed_boundary_rule_keys_another_whole_step() -> None:
+    """`boundary_rules` is written only where some rule applies, so every plan made before it
+    keeps its file and digest; where one applies the evaluation store keys the plan's whole
+    step apart from the one compiled under the rule before."""
+    plan = ex.load_plan(GOLDEN / "cfp.json")
+    marked = replace(plan, boundary_rules=("owned-21",))
+    document = plan_to_json(marked)
+    assert document["boundary_rules"] == ["owned-21"]
+    assert "boundary_rules" not in plan_to_json(plan)
+    assert layout_digest(document) != layout_digest(plan_to_json(plan))
+    assert plan_from_json(json.loads(marked.to_json())) == marked
+
+
 def test_the_typed_fields_say_what_the_file_says() -> None:
     document = json.loads((GOLDEN / "alpa.json").read_text())
     plan = ex.load_plan(GOLDEN / "alpa.json")

@@ -29,8 +29,11 @@ from explorer.segments import (
     program_count,
 )
 from explorer.space import (
+    OWNED_BOUNDARIES,
+    TRACED_BOUNDARIES,
     boundary_moves,
     build_space,
+    changed_boundary_rules,
     changed_moves,
     owned_first_changes,
     reshard_signatures,
@@ -530,3 +533,15 @@ def test_a_cotangent_a_block_makes_crosses_where_the_block_made_it() -> None:
         owned_first_changes(graph, paper.blocks, plain, b, spec)
         for b in range(len(plain.boundaries))
     )
+
+
+def test_a_segmentation_a_boundary_rule_changed_is_marked_for_its_plans() -> None:
+    """The whole-mesh cut changed under both boundary rules since its plans were first
+    compiled, so its plans record both (`Plan.boundary_rules`): their whole steps are kept
+    apart from those compiled before (`layout_digest`). The paper's space, whose boundaries
+    no rule changed, marks none: the kept whole steps of its plans stay valid."""
+    graph, spec, blocks, segmentation, _cut, _pair = _llama_whole_mesh_cut()
+    marks = changed_boundary_rules(graph, blocks, segmentation, spec)
+    assert marks == (TRACED_BOUNDARIES, OWNED_BOUNDARIES)
+    paper = step_space(graph, spec)
+    assert changed_boundary_rules(graph, paper.blocks, build_segments(graph, paper), spec) == ()

@@ -33,6 +33,8 @@ from explorer.profile.cache import ProgramKey
 from explorer.profile.hlo import Collective
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
+    OWNED_BOUNDARIES,
+    TRACED_BOUNDARIES,
     boundary_moves,
     changed_moves,
     owned_first_changes,
@@ -60,15 +62,6 @@ PROGRAM_VERSION = "scattered-19"
 # leader-19: an op outside blocks follows the operand split over the most devices, so a 2-D
 # weight-gradient dot follows the saved activation (split on both axes), not the cotangent.
 MULTI_AXIS_VERSION = "leader-19"
-# Marks the key of a type whose boundary values tracing lays out anew (`_traced_boundaries`):
-# a value crossing a boundary that neither block owns, nor has the shape of one of theirs,
-# was replicated there (gathered, then split again) and now follows its block through a
-# reshape or the like. Only those programs changed, so only their keys do.
-TRACED_BOUNDARIES = "traced-20"
-# Marks the key of a type where a value crossing a boundary is laid out otherwise now that a
-# block's own values come first (`space.wanted_layout`): the residual stream's cotangent an
-# output projection hands back is where the projection made it, not split like its input.
-OWNED_BOUNDARIES = "owned-21"
 
 
 def program_version(mesh: MeshSpec) -> str:
