@@ -627,8 +627,9 @@ def changed_boundary_rules(
 ) -> tuple[str, ...]:
     """The marks of the boundary rules that lay out some value crossing some boundary of
     `segmentation` otherwise than before them, for some pair of strategies: a plan cut by it
-    may compile to another whole step than it did before the rule."""
-    boundaries = range(len(segmentation.boundaries))
+    may compile to another whole step than it did before the rule. Read at each pair of
+    types' first boundary (`pair_boundaries`): the others move the same tensors."""
+    boundaries = sorted(set(pair_boundaries(segmentation).values()))
     checks = ((TRACED_BOUNDARIES, tracing_changes), (OWNED_BOUNDARIES, owned_first_changes))
     return tuple(
         mark
