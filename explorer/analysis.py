@@ -23,7 +23,7 @@ from explorer.mesh import MeshSpec
 from explorer.pins import solver_pins
 from explorer.plan import Plan, make_plan
 from explorer.plan_build import unpriced_segments
-from explorer.plan_types import InstanceChoice
+from explorer.plan_types import InstanceChoice, SpaceOptions
 from explorer.segments import ProgramCount, program_count
 from explorer.solve import Frontier
 from explorer.space import changed_boundary_rules, config_count, reshard_signatures
@@ -49,6 +49,7 @@ class SegmentedStep:
     args: tuple[Any, ...]
     platform: Platform
     backend: str
+    space: SpaceOptions  # what the space searched beyond the paper's; its plans may record it
 
     @property
     def profiled(self) -> bool:
@@ -177,6 +178,7 @@ class SegmentedStep:
                 budget=None,
                 parameter_layouts=layouts,
                 boundary_rules=rules,
+                space=self.space,
             )
 
         return self._priced_by_evaluation(plan_with, evaluations)
@@ -427,6 +429,7 @@ class Analysis(SegmentedStep):
             memory_eq9=model.memory_eq9(selection),
             budget=budget,
             boundary_rules=self.boundary_rules,
+            space=self.space,
         )
 
     def _summary_lines(self) -> list[str]:

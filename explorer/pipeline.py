@@ -18,6 +18,7 @@ from explorer.cost import build_cost_model
 from explorer.errors import InputError
 from explorer.frontier_store import frontier_store_path, solve_kept
 from explorer.mesh import MeshLike
+from explorer.plan_space import space_options
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
 from explorer.space import changed_boundary_rules, step_space
 from explorer.trace import ArgRoles, trace, traced_again
@@ -162,8 +163,17 @@ def analyze(
     segments = build_segments(graph, blocks, cap=config_cap)
     dependencies = instance_dependencies(graph, blocks, segments, spec)
     segments = split_by_dependencies(segments, dependencies, blocks.blocks)
+    space = space_options(
+        spec,
+        free_axes=free_axes,
+        whole_mesh=whole_mesh,
+        shard_parameters=shard_parameters,
+        config_cap=config_cap,
+    )
     if not profile:
-        return SegmentedStep(graph, blocks, segments, spec, step, tuple(args), target, backend)
+        return SegmentedStep(
+            graph, blocks, segments, spec, step, tuple(args), target, backend, space
+        )
     from explorer.profile.cache import ProfileCache
     from explorer.profile.runner import profile_all
 
@@ -194,6 +204,7 @@ def analyze(
         tuple(args),
         target,
         backend,
+        space,
         profiled,
         model,
         # uniform for a step with a scan: see Analysis.plan

@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 
-from explorer.blocks import build_blocks
 from explorer.evaluation import (
     Evaluation,
     LoweredStep,
@@ -32,12 +31,10 @@ from explorer.evaluation import (
     lower_step,
 )
 from explorer.ir import (
-    BlockAnalysis,
     Config,
     DimAxes,
     Graph,
     ParallelBlock,
-    Segmentation,
     ShardingAssignment,
     TensorType,
     ValueKind,
@@ -55,10 +52,9 @@ from explorer.plan_document import (
     load_plan,
     writable_path,
 )
+from explorer.plan_space import space_of
 from explorer.plan_types import Plan
 from explorer.realize import realize
-from explorer.segments import build_segments
-from explorer.space import build_space, parameter_ids
 from explorer.trace import trace
 
 __all__ = [
@@ -110,7 +106,7 @@ def _configure(
     if plan.per_op:  # a per-op plan: its layouts stand as they are
         return graph, _layout_assignment(plan, graph)
     wanted = plan.strategies
-    analysis, segmentation = _space_of(plan, graph)
+    analysis, segmentation = space_of(plan, graph)
     if len(wanted) != len(analysis.blocks):
         raise PlanError(
             f"field 'blocks': the plan has {len(wanted)} blocks, the step has "
@@ -134,40 +130,6 @@ def _configure(
         graph, analysis.blocks, config, mesh, segmentation, parameter_layouts=parameters
     )
     return graph, placement.assignment
-
-
-def _space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
-    """The space a block plan came from, and its segments: the default one, the 2-D ones
-    widened by `whole_mesh=True` or freed by `free_axes=True`, or any of them with ZeRO
-    twins (`shard_parameters=True`). The first that offers every strategy the plan names
-    and cuts the step into as many segment instances as the plan records: a larger space
-    may cut a layer into parts, and the boundaries placed must be those its programs were
-    priced with. Else the first that offers the names; else the default one (whose names
-    the error then lists)."""
-    mesh = plan.mesh
-    blocks = build_blocks(graph, mesh.size)
-    offering: tuple[BlockAnalysis, Segmentation] | None = None
-    parameters = parameter_ids(graph)
-    # (free_axes, whole_mesh); a 1-D mesh has one space: they change nothing there
-    widenings = ((False, False), (False, True), (True, False))[: 3 if len(mesh.axes) > 1 else 1]
-    for stored in (frozenset[int](), parameters):
-        for free_axes, whole_mesh in widenings:
-            analysis = build_space(
-                blocks, mesh, free_axes=free_axes, whole_mesh=whole_mesh, stored_parameters=stored
-            )
-            if len(analysis.blocks) != len(plan.strategies) or any(
-                name not in {s.name for s in block.strategies}
-                for block, name in zip(analysis.blocks, plan.strategies, strict=True)
-            ):
-                continue
-            segmentation = build_segments(graph, analysis)
-            if not plan.segments or len(segmentation.instances) == len(plan.segments):
-                return analysis, segmentation
-            offering = offering or (analysis, segmentation)
-    if offering is not None:
-        return offering
-    analysis = build_space(blocks, mesh)
-    return analysis, build_segments(graph, analysis)
 
 
 def _check_loops_uniform(

@@ -11,12 +11,15 @@ import jax
 from explorer.errors import PlanError
 from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, Segmentation, ValueKind
 from explorer.mesh import MeshSpec
+from explorer.plan_space import recorded_space
 from explorer.plan_types import (
+    PAPER_SPACE,
     BlockChoice,
     IlpReport,
     InstanceChoice,
     Plan,
     Prediction,
+    SpaceOptions,
     Versions,
 )
 from explorer.space import shardings
@@ -69,7 +72,10 @@ def make_plan(
     budget: float | None,
     parameter_layouts: dict[str, DimAxes] | None = None,
     boundary_rules: tuple[str, ...] = (),
+    space: SpaceOptions = PAPER_SPACE,
 ) -> Plan:
+    """The block plan of `config` in `blocks` (the space `space` made), as the solver or a
+    baseline priced it."""
     assignment = shardings(graph, blocks.blocks, config, mesh, parameter_layouts)
     values = dict(assignment.values)
     inputs = dict(zip(graph.inputs, assignment.inputs, strict=True))
@@ -107,6 +113,7 @@ def make_plan(
         parameters=parameters,
         predicted=Prediction(time, int(memory), int(memory_eq9), budget),
         boundary_rules=boundary_rules,
+        space=recorded_space(graph, blocks, mesh, space, [c.strategy for c in choices]),
     )
 
 
@@ -183,6 +190,7 @@ def _finish(
     operands: tuple[tuple[tuple[int, int], DimAxes], ...] | None = None,
     ilp: IlpReport | None = None,
     boundary_rules: tuple[str, ...] = (),
+    space: SpaceOptions | None = None,
 ) -> Plan:
     from explorer import __version__
     from explorer.platforms import resolve_platform
@@ -210,4 +218,5 @@ def _finish(
         operands=operands,
         ilp=ilp,
         boundary_rules=boundary_rules,
+        space=space,
     )

@@ -22,11 +22,13 @@ from explorer.ir import DimAxes
 from explorer.jsonfile import read_json_file
 from explorer.mesh import MeshSpec, spec_to_json
 from explorer.plan_types import (
+    PAPER_SPACE,
     BlockChoice,
     IlpReport,
     InstanceChoice,
     Plan,
     Prediction,
+    SpaceOptions,
     Versions,
 )
 
@@ -89,7 +91,19 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
         document["ilp"] = _fields_set(plan.ilp)
     if plan.boundary_rules:  # absent where none applies: such plans keep their old digest
         document["boundary_rules"] = list(plan.boundary_rules)
+    changed = {} if plan.space is None else _fields_changed(plan.space, PAPER_SPACE)
+    if changed:  # what differs from the paper's space, alone
+        document["space"] = changed
     return document
+
+
+def _fields_changed(record: SpaceOptions, default: SpaceOptions) -> dict[str, Any]:
+    """`record`'s fields by name, those equal to `default`'s left out."""
+    return {
+        f.name: getattr(record, f.name)
+        for f in dataclasses.fields(record)
+        if getattr(record, f.name) != getattr(default, f.name)
+    }
 
 
 def _fields_set(record: IlpReport | InstanceChoice) -> dict[str, Any]:
@@ -203,6 +217,7 @@ def plan_from_json(document: Any, where: str = "<plan document>") -> Plan:
         else None,
         ilp=None if ilp is None else IlpReport(**ilp),
         boundary_rules=tuple(document.get("boundary_rules", ())),
+        space=SpaceOptions(**document["space"]) if "space" in document else None,
     )
 
 

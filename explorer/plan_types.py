@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from explorer.errors import PlanError
 from explorer.ir import DimAxes
 from explorer.mesh import MeshSpec
+from explorer.segments import DEFAULT_CONFIG_CAP
 
 if TYPE_CHECKING:
     from explorer.platforms import Platform
@@ -99,6 +100,21 @@ class IlpReport:
 
 
 @dataclass(frozen=True, slots=True)
+class SpaceOptions:
+    """What `analyze` searched beyond the paper's space (the 2-D widenings `free_axes` and
+    `whole_mesh`, ZeRO twins) and the configuration cap it cut segments under: with the
+    step, what decides a block plan's strategies and where its segment boundaries fall."""
+
+    free_axes: bool = False
+    whole_mesh: bool = False
+    shard_parameters: bool = False
+    config_cap: int = DEFAULT_CONFIG_CAP
+
+
+PAPER_SPACE = SpaceOptions()  # the paper's space, under the default cap
+
+
+@dataclass(frozen=True, slots=True)
 class Versions:
     """The versions of the explorer and JAX that wrote the plan."""
 
@@ -132,6 +148,9 @@ class Plan:
     # the boundary rules that changed how this plan's segments are placed in its whole step
     # (`space.changed_boundary_rules`): part of what decides its compiled program
     boundary_rules: tuple[str, ...] = ()
+    # the space the plan was made in, where its strategy names alone do not tell it
+    # (`plan_space.recorded_space`); None: the one space offering every name it has
+    space: SpaceOptions | None = None
 
     def __post_init__(self) -> None:
         _check_sorted([path for path, _ in self.parameters], "parameters")

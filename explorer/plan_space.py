@@ -1,0 +1,120 @@
+"""The space a block plan was made in: recorded by the plan where its names do not tell it,
+rebuilt where the plan is applied.
+
+Applying a block plan constrains its segment boundaries (`layouts.place`), and where they
+fall depends on the space: a wider one (`whole_mesh`, `free_axes`, ZeRO twins) or another
+configuration cap cuts the step into other segments than the paper's. The plan was priced
+with its own space's cut, so the plan that runs must be cut the same way. Most plans name a
+strategy no space looked up before theirs offers, and the names tell the space. A plan whose
+every name an earlier space offers too (a whole-mesh plan that keeps the paper's strategies,
+say) records its space, and so does one cut under a cap other than the default: its
+document, and with it the key its whole step is kept under (`evaluation_store.layout_digest`),
+then differs from the other space's plan of the same names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from explorer.blocks import build_blocks
+from explorer.ir import BlockAnalysis, Graph, Segmentation
+from explorer.mesh import MeshSpec
+from explorer.plan_types import Plan, SpaceOptions
+from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
+from explorer.space import build_space, parameter_ids
+
+
+def space_options(
+    mesh: MeshSpec,
+    *,
+    free_axes: bool = False,
+    whole_mesh: bool = False,
+    shard_parameters: bool = False,
+    config_cap: int = DEFAULT_CONFIG_CAP,
+) -> SpaceOptions:
+    """`analyze`'s options as the space they make: on a 1-D mesh the 2-D widenings change
+    nothing, so they are dropped."""
+    two_d = len(mesh.axes) > 1
+    return SpaceOptions(
+        free_axes=free_axes and two_d,
+        whole_mesh=whole_mesh and two_d,
+        shard_parameters=shard_parameters,
+        config_cap=config_cap,
+    )
+
+
+def candidate_spaces(
+    graph: Graph, blocks: BlockAnalysis, mesh: MeshSpec
+) -> Iterator[tuple[SpaceOptions, BlockAnalysis]]:
+    """Every space a plan's names may come from (default cap), the paper's first: on a 2-D
+    mesh its widenings after it, then each again with ZeRO twins."""
+    widenings = ((False, False), (False, True), (True, False))[: 3 if len(mesh.axes) > 1 else 1]
+    parameters = parameter_ids(graph)
+    for shard_parameters in (False, True):
+        stored = parameters if shard_parameters else frozenset[int]()
+        for free_axes, whole_mesh in widenings:
+            options = SpaceOptions(free_axes, whole_mesh, shard_parameters)
+            space = build_space(
+                blocks, mesh, free_axes=free_axes, whole_mesh=whole_mesh, stored_parameters=stored
+            )
+            yield options, space
+
+
+def offers(space: BlockAnalysis, names: Sequence[str]) -> bool:
+    """Whether `space` has as many blocks as `names` and offers each block its name."""
+    return len(space.blocks) == len(names) and all(
+        name in {s.name for s in block.strategies}
+        for block, name in zip(space.blocks, names, strict=True)
+    )
+
+
+def recorded_space(
+    graph: Graph,
+    blocks: BlockAnalysis,
+    mesh: MeshSpec,
+    own: SpaceOptions,
+    names: Sequence[str],
+) -> SpaceOptions | None:
+    """What a plan of strategies `names` made in space `own` records of it: None where the
+    first space offering every name (`candidate_spaces`, the order `space_of` looks them up
+    in) is `own`, so the names tell it (the paper's own plans always); else `own`, as where
+    its cap is not the default."""
+    if own.config_cap != DEFAULT_CONFIG_CAP:
+        return own
+    for options, space in candidate_spaces(graph, blocks, mesh):
+        if offers(space, names):
+            return None if options == own else own
+    return own
+
+
+def space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
+    """The space block plan `plan` came from, and its segments: the one it records, else
+    the first space offering every name it has that cuts the step into as many segment
+    instances as it records (a plan written before spaces were recorded: the names of
+    another space's plan may all be the paper's), else the first offering the names, else
+    the paper's (whose names the caller's error then lists)."""
+    mesh = plan.mesh
+    blocks = build_blocks(graph, mesh.size)
+    if plan.space is not None:
+        options = plan.space
+        stored = parameter_ids(graph) if options.shard_parameters else frozenset[int]()
+        space = build_space(
+            blocks,
+            mesh,
+            free_axes=options.free_axes,
+            whole_mesh=options.whole_mesh,
+            stored_parameters=stored,
+        )
+        return space, build_segments(graph, space, cap=options.config_cap)
+    offering: tuple[BlockAnalysis, Segmentation] | None = None
+    for _, space in candidate_spaces(graph, blocks, mesh):
+        if not offers(space, plan.strategies):
+            continue
+        segmentation = build_segments(graph, space)
+        if not plan.segments or len(segmentation.instances) == len(plan.segments):
+            return space, segmentation
+        offering = offering or (space, segmentation)
+    if offering is not None:
+        return offering
+    space = build_space(blocks, mesh)
+    return space, build_segments(graph, space)

@@ -1,0 +1,107 @@
+"""A block plan records the space it was made in where its names do not tell it, so the plan
+that is applied (and the whole step kept for it) is cut into the segments it was priced with.
+Traced only (`profile=False`): nothing is compiled."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+import explorer as ex
+from explorer.errors import PlanError
+from explorer.evaluation_store import layout_digest
+from explorer.ir import Config
+from explorer.plan_build import make_plan
+from explorer.plan_document import plan_from_json, plan_to_json
+from explorer.plan_space import space_of
+from explorer.plan_types import PAPER_SPACE, SpaceOptions
+
+
+@pytest.fixture(scope="module")
+def gpt() -> tuple[Any, Any, Any]:
+    """Tiny GPT (2 layers) on 2x2, traced: the step, its arguments and the paper's space."""
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    paper = ex.analyze(step, *args, mesh=(2, 2), profile=False, cache=None)
+    return step, args, paper
+
+
+def _plan(analysis: Any, names: list[str]) -> Any:
+    """The block plan of `names` in `analysis`'s space, as its solver would make it."""
+    index = [
+        [s.name for s in block.strategies].index(name)
+        for block, name in zip(analysis.blocks, names, strict=True)
+    ]
+    return make_plan(
+        source="cfp",
+        graph=analysis.graph,
+        blocks=analysis.block_analysis,
+        segments=(),
+        config=Config(tuple(index)),
+        mesh=analysis.mesh,
+        platform=analysis.platform,
+        backend=analysis.backend,
+        time=1.0,
+        memory=1,
+        memory_eq9=1,
+        budget=None,
+        space=analysis.space,
+    )
+
+
+def test_a_wider_space_s_plan_of_the_paper_s_names_records_its_space(gpt: Any) -> None:
+    """The whole-mesh space cuts tiny GPT's layers in parts (6 instances; the paper's 4). Its
+    plan of the paper's strategies names nothing only that space offers, so it records
+    `whole_mesh`: its document, and the key its whole step is kept under, differ from the
+    paper's plan of the same names, and applying it cuts the step as its space did. A plan
+    of a flattened strategy is told by its names and records nothing."""
+    step, args, paper = gpt
+    wide = ex.analyze(step, *args, mesh=(2, 2), profile=False, whole_mesh=True, traced=paper.graph)
+    assert paper.segments.boundaries != wide.segments.boundaries  # the premise
+    names = ["M@x,N@y"] * len(paper.blocks)
+    mine, papers = _plan(wide, names), _plan(paper, names)
+    assert mine.strategies == papers.strategies
+    assert (mine.space, papers.space) == (SpaceOptions(whole_mesh=True), None)
+    document = plan_to_json(mine)
+    assert document["space"] == {"whole_mesh": True}
+    assert "space" not in plan_to_json(papers)
+    assert layout_digest(document) != layout_digest(plan_to_json(papers))
+    assert plan_from_json(json.loads(mine.to_json())) == mine
+    assert space_of(mine, paper.graph)[1].boundaries == wide.segments.boundaries
+    assert space_of(papers, paper.graph)[1].boundaries == paper.segments.boundaries
+    flattened = _plan(wide, ["N@x+y", *names[1:]])
+    assert flattened.space is None
+    assert space_of(flattened, paper.graph)[1].boundaries == wide.segments.boundaries
+
+
+def test_a_plan_cut_under_another_cap_records_it_and_is_cut_so_again(gpt: Any) -> None:
+    """A configuration cap other than the default cuts the step elsewhere (10 instances
+    under 8 configurations a type), so the plan records it whatever its names."""
+    step, args, paper = gpt
+    capped = ex.analyze(step, *args, mesh=(2, 2), profile=False, config_cap=8, traced=paper.graph)
+    assert len(capped.segments.instances) > len(paper.segments.instances)
+    plan = _plan(capped, ["M@x,N@y"] * len(capped.blocks))
+    assert plan.space == SpaceOptions(config_cap=8)
+    assert plan_to_json(plan)["space"] == {"config_cap": 8}
+    assert space_of(plan, paper.graph)[1].boundaries == capped.segments.boundaries
+
+
+def test_a_1d_mesh_has_one_space_whatever_the_2d_widenings() -> None:
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    flat = ex.analyze(step, *args, mesh=(4,), profile=False, whole_mesh=True, free_axes=True)
+    assert flat.space == PAPER_SPACE
+    assert _plan(flat, ["M@x"] * len(flat.blocks)).space is None
+
+
+@pytest.mark.parametrize(
+    ("space", "found"),
+    [({"whole_mesh": "yes"}, "'yes'"), ({"mesh_axes": True}, "mesh_axes"), ({}, "{}")],
+)
+def test_a_malformed_space_is_refused_naming_the_field(gpt: Any, space: Any, found: str) -> None:
+    _, _, paper = gpt
+    document = plan_to_json(_plan(paper, ["M@x,N@y"] * len(paper.blocks)))
+    document["space"] = space
+    with pytest.raises(PlanError, match="space") as caught:
+        plan_from_json(document, "plan.json")
+    assert found in str(caught.value)
