@@ -49,7 +49,9 @@ class SegmentedStep:
     args: tuple[Any, ...]
     platform: Platform
     backend: str
-    space: SpaceOptions  # what the space searched beyond the paper's; its plans may record it
+    # what `analyze` searched beyond the paper's space, and its cap: recorded by a plan
+    # whose names do not tell it (`plan_space.recorded_space`)
+    space: SpaceOptions
 
     @property
     def profiled(self) -> bool:

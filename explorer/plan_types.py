@@ -149,7 +149,8 @@ class Plan:
     # (`space.changed_boundary_rules`): part of what decides its compiled program
     boundary_rules: tuple[str, ...] = ()
     # the space the plan was made in, where its strategy names alone do not tell it
-    # (`plan_space.recorded_space`); None: the one space offering every name it has
+    # (`plan_space.recorded_space`); None: the first space offering every name it has
+    # (`plan_space.candidate_spaces`), under the default cap
     space: SpaceOptions | None = None
 
     def __post_init__(self) -> None:
