@@ -187,8 +187,10 @@ def _on_gpu(
 ) -> dict[str, Any]:
     """XLA:GPU's memory of every plan on the platform's GPU (`target_memory`), and the CFP
     plan chosen by it (`fastest_plan_on_gpu`, added to `plans` as `chosen`). In "kept" mode
-    only what the store holds; a plan it does not hold has none."""
-    from explorer.errors import ExplorerError
+    only what the store holds; a plan it does not hold has none. A GPU this machine has no
+    compiler for judges no plan: the case is listed under "Not run" with the reason, once
+    (not a failure: nothing went wrong that a run here could fix)."""
+    from explorer.errors import ExplorerError, TargetCompilerError
     from explorer.target_memory import fastest_plan_on_gpu, target_memory
 
     store, compile_missing = run.gpu_memories, run.gpu_memory == "compile"
@@ -200,6 +202,9 @@ def _on_gpu(
             )
         except LookupError:
             pass
+        except TargetCompilerError as err:
+            _not_on_gpu(run, case, notes, chosen, err)
+            return found
         except Exception as err:
             run.failed(f"{case.label}: XLA:GPU memory of {name}", err)
     try:
@@ -208,7 +213,9 @@ def _on_gpu(
         )
     except LookupError:
         notes[chosen] = "not compiled for the GPU (run with --gpu-memory)"
-    except ExplorerError as err:  # no plan fits the GPU, or no compiler for it here
+    except TargetCompilerError as err:
+        _not_on_gpu(run, case, notes, chosen, err)
+    except ExplorerError as err:  # no plan fits the GPU
         notes[chosen] = str(err).splitlines()[0]
     else:
         plans[chosen], found[chosen] = fit.plan, fit.memory
@@ -217,6 +224,17 @@ def _on_gpu(
             f"{len(fit.compiled)} frontier plans compiled for the GPU to find it"
         )
     return found
+
+
+def _not_on_gpu(
+    run: PaperRun, case: PaperCase, notes: dict[str, str], chosen: str, err: Exception
+) -> None:
+    """No plan of `case` judged on its GPU, which no compiler here targets: said once."""
+    reason = str(err).splitlines()[0]
+    line = f"{case.label}: not judged on XLA:GPU's memory: {reason}"
+    if line not in run.skipped:  # once, whichever of the case's spaces met it first
+        run.skipped.append(line)
+    notes[chosen] = f"not compiled for the GPU: {reason}"
 
 
 def _with_wider_space(

@@ -269,6 +269,23 @@ def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_rea
     assert "`python -m explorer bench --paper --only 'tiny'` in" in text  # says what it ran
 
 
+def test_a_gpu_no_compiler_here_targets_is_said_once_and_judges_no_plan(tmp_path: Path) -> None:
+    """`--gpu-memory` on a V100 case: the CUDA plugin installed here compiles for no GPU of
+    compute capability 7.0, so no plan is judged on XLA:GPU. The report says so once, with
+    the reason, under "Not run", and lists no failure; the CPU-judged rows stand."""
+    case = PaperCase("gpt", "tiny", "v100-nvlink-4", (4,), batch=8, paper_batch=True, layers=2)
+    report = run_paper(
+        False, out=tmp_path, cache=SHARED_CACHE, cases=[case], log=print, gpu_memory="compile"
+    )
+    text = report.read_text()
+    assert "1 of 1 cases done" in text and "## Failures\n\nNone." in text, text
+    reasons = [line for line in text.splitlines() if "not judged on XLA:GPU's memory" in line]
+    assert len(reasons) == 1 and "compute capability 7.0" in reasons[0], reasons
+    frame = pd.read_csv(tmp_path / "paper.csv")
+    assert set(frame["plan"]) == {"cfp", *BASELINES}  # no row judged on the GPU
+    assert frame["gpu_memory"].isna().all() and (frame["evaluated_s"] > 0).all()
+
+
 def test_the_paper_grid_runs_bf16_presets_in_float16_on_a_device_without_bf16_units() -> None:
     grid = paper_cases(quick=False)
     for case in grid:
