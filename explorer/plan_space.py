@@ -19,9 +19,9 @@ from collections.abc import Iterator, Sequence
 from explorer.blocks import build_blocks
 from explorer.ir import BlockAnalysis, Graph, Segmentation
 from explorer.mesh import MeshSpec
-from explorer.plan_types import Plan, SpaceOptions
+from explorer.plan_types import PAPER_SPACE, Plan, SpaceOptions
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
-from explorer.space import build_space, parameter_ids
+from explorer.space import build_space, parameter_ids, step_space
 
 
 def space_options(
@@ -79,6 +79,8 @@ def recorded_space(
     first space offering every name (`candidate_spaces`, the order `space_of` looks them up
     in) is `own`, so the names tell it (the paper's own plans always); else `own`, as where
     its cap is not the default."""
+    if own == PAPER_SPACE:  # the first space looked up: it offers all its plans' names
+        return None
     if own.config_cap != DEFAULT_CONFIG_CAP:
         return own
     for options, space in candidate_spaces(graph, blocks, mesh):
@@ -94,18 +96,17 @@ def space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
     another space's plan may all be the paper's), else the first offering the names, else
     the paper's (whose names the caller's error then lists)."""
     mesh = plan.mesh
-    blocks = build_blocks(graph, mesh.size)
     if plan.space is not None:
         options = plan.space
-        stored = parameter_ids(graph) if options.shard_parameters else frozenset[int]()
-        space = build_space(
-            blocks,
+        space = step_space(
+            graph,
             mesh,
             free_axes=options.free_axes,
             whole_mesh=options.whole_mesh,
-            stored_parameters=stored,
+            shard_parameters=options.shard_parameters,
         )
         return space, build_segments(graph, space, cap=options.config_cap)
+    blocks = build_blocks(graph, mesh.size)
     offering: tuple[BlockAnalysis, Segmentation] | None = None
     for _, space in candidate_spaces(graph, blocks, mesh):
         if not offers(space, plan.strategies):
