@@ -462,9 +462,10 @@ def _block_difference(analysis: Any, cfp: Any, other: Any) -> str:
 
 def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
     """A per-op plan through the block space: the blocks it lays out as another strategy
-    than CFP's, the blocks it lays out as a strategy the space does not offer, the blocks no
-    split lays out as it does (it reshards inside them), and its nearest offered block plan
-    priced by the cost model beside CFP's."""
+    than CFP's, the blocks it lays out as a strategy the space does not offer, the blocks
+    where it splits a dim no role of the block takes, the blocks no split lays out as it does
+    (it reshards inside them), and its nearest offered block plan priced by the cost model
+    beside CFP's."""
     from explorer.explain import closest_selection, project_onto_blocks
     from explorer.explain.counterfactual import select
 
@@ -479,10 +480,16 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
         for p, choice in zip(projections, cfp.blocks, strict=True)
         if not p.exact and p.unoffered is not None
     )
+    roleless = Counter(
+        f"{p.scope} (closest {p.strategy_name}: {p.agreeing} of {p.values} values; "
+        f"splits {', '.join(p.roleless)})"
+        for p in projections
+        if not p.exact and p.unoffered is None and p.roleless
+    )
     inside = Counter(
         f"{p.scope} (closest {p.strategy_name}: {p.agreeing} of {p.values} values)"
         for p in projections
-        if not p.exact and p.unoffered is None
+        if not p.exact and p.unoffered is None and not p.roleless
     )
     parts = [
         f"per-op plan; {sum(p.exact for p in projections)} of {len(projections)} blocks are "
@@ -494,6 +501,11 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
         parts.append(
             f"{sum(unoffered.values())} blocks as a strategy the block space does not offer: "
             + _listed(unoffered)
+        )
+    if roleless:
+        parts.append(
+            f"{sum(roleless.values())} blocks split a dim none of the block's roles takes (no "
+            "block strategy can): " + _listed(roleless)
         )
     if inside:
         parts.append(

@@ -106,3 +106,25 @@ def test_a_plan_of_block_strategies_only_is_refused(gpt: ex.SegmentedStep) -> No
     plan = gpt.baseline("dp")
     with pytest.raises(PlanError, match="expected a per-op plan"):
         project_onto_blocks(gpt.graph, gpt.blocks, plan)
+
+
+def test_a_split_of_a_dim_no_role_takes_is_named(gpt: ex.SegmentedStep) -> None:
+    chosen = _mixed(gpt)
+    # a value with a dim none of its block's roles lands on, that splits four ways
+    block, value, dim = next(
+        (b, v, d)
+        for b in gpt.blocks
+        for v in b.layouts
+        for d, size in enumerate(gpt.graph.values[v.value].type.shape)
+        if size % 4 == 0 and d not in {dim for _, dim in v.dims}
+    )
+    rank = gpt.graph.values[value.value].type.rank
+    split = tuple(("x",) if d == dim else () for d in range(rank))
+    plan = _per_op_plan_of(gpt, chosen, {value.value: split})
+    projections = project_onto_blocks(gpt.graph, gpt.blocks, plan)
+    inexact = [p for p in projections if not p.exact]
+    assert [p.block for p in inexact] == [block.index]
+    said = f"dim {dim} of {gpt.graph.values[value.value].type} over x"
+    assert inexact[0].roleless == (said,)
+    assert inexact[0].unoffered is None
+    assert all(p.roleless == () for p in projections if p.exact)

@@ -9,7 +9,9 @@ offered strategy matches is one of two things:
   the outer one); `unoffered` names it;
 - **a reshard inside the block**: no split of the roles does, so the per-op plan changes
   layout between the block's ops, which no ParallelBlock (communication-free by
-  construction) can express.
+  construction) can express. Where the plan splits a dim no role of the block lands on
+  (`roleless`: MoE's combine einsum contracts both the experts and the capacity, and its K
+  role takes only one of them), no strategy of the block could lay it out so either.
 
 `closest_selection` gives the blocks' strategies to the cost model, so that the per-op
 plan's nearest block plan can be priced from the profiles beside the plan CFP chose.
@@ -39,6 +41,9 @@ class BlockProjection:
     # where no offered strategy is exact: the split of the head's roles that lays out every
     # value as the per-op plan does, if one does (None: the plan reshards inside the block)
     unoffered: str | None = None
+    # where none is exact: the per-op plan's splits of dims no role of the block lands on, as
+    # "dim 0 of bfloat16[32,8,128,1280] over x" (each once)
+    roleless: tuple[str, ...] = ()
 
     @property
     def exact(self) -> bool:
@@ -78,6 +83,7 @@ def project_onto_blocks(
                 agreeing=agreeing[best],
                 values=len(block.layouts),
                 unoffered=None if implied is None else implied.name,
+                roleless=() if exact else _roleless_splits(graph, block, layout),
             )
         )
     return tuple(projections)
@@ -105,6 +111,21 @@ def _implied_strategy(
     if all(dim_axes(graph, value, strategy) == layout(value.value) for value in block.layouts):
         return strategy
     return None
+
+
+def _roleless_splits(
+    graph: Graph, block: ParallelBlock, layout: Callable[[int], DimAxes]
+) -> tuple[str, ...]:
+    """Where `layout` splits a dim of one of the block's values that none of the block's roles
+    lands on: a split no strategy of the block can give, whatever the space's rule."""
+    found: list[str] = []
+    for value in block.layouts:
+        roled = {dim for _, dim in value.dims}
+        for dim, axes in enumerate(layout(value.value)):
+            said = f"dim {dim} of {graph.values[value.value].type} over {'+'.join(axes)}"
+            if axes and dim not in roled and said not in found:
+                found.append(said)
+    return tuple(found)
 
 
 def closest_selection(projections: Sequence[BlockProjection]) -> tuple[int, ...]:
