@@ -480,17 +480,15 @@ def _per_op_difference(analysis: Any, cfp: Any, other: Any) -> str:
         for p, choice in zip(projections, cfp.blocks, strict=True)
         if not p.exact and p.unoffered is not None
     )
+
+    def closest(p: Any) -> str:
+        return f"{p.scope} (closest {p.strategy_name}: {p.agreeing} of {p.values} values"
+
+    unmatched = [p for p in projections if not p.exact and p.unoffered is None]
     roleless = Counter(
-        f"{p.scope} (closest {p.strategy_name}: {p.agreeing} of {p.values} values; "
-        f"splits {', '.join(p.roleless)})"
-        for p in projections
-        if not p.exact and p.unoffered is None and p.roleless
+        f"{closest(p)}; splits {', '.join(p.roleless)})" for p in unmatched if p.roleless
     )
-    inside = Counter(
-        f"{p.scope} (closest {p.strategy_name}: {p.agreeing} of {p.values} values)"
-        for p in projections
-        if not p.exact and p.unoffered is None and not p.roleless
-    )
+    inside = Counter(f"{closest(p)})" for p in unmatched if not p.roleless)
     parts = [
         f"per-op plan; {sum(p.exact for p in projections)} of {len(projections)} blocks are "
         "laid out as one block strategy"

@@ -122,8 +122,10 @@ def _roleless_splits(
     for value in block.layouts:
         roled = {dim for _, dim in value.dims}
         for dim, axes in enumerate(layout(value.value)):
+            if not axes or dim in roled:
+                continue
             said = f"dim {dim} of {graph.values[value.value].type} over {'+'.join(axes)}"
-            if axes and dim not in roled and said not in found:
+            if said not in found:
                 found.append(said)
     return tuple(found)
 
