@@ -280,6 +280,7 @@ def _with_wider_space(
             cancel=cancel,
             shard_parameters=space.shard_parameters,
             whole_mesh=space.whole_mesh,
+            batch_outer=space.batch_outer,
             memory_resolution=memory_resolution,
             traced=traced,
         )

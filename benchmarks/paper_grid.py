@@ -43,6 +43,7 @@ class WiderSpace:
     about: str  # what the space adds, for the report
     shard_parameters: bool = False  # `analyze`'s switches
     whole_mesh: bool = False
+    batch_outer: bool = False
 
     @property
     def gpu_row(self) -> str:
@@ -51,7 +52,9 @@ class WiderSpace:
     @property
     def switch(self) -> str:
         """The `analyze` keyword that builds the space."""
-        return "shard_parameters" if self.shard_parameters else "whole_mesh"
+        if self.shard_parameters:
+            return "shard_parameters"
+        return "batch_outer" if self.batch_outer else "whole_mesh"
 
     @property
     def two_d_only(self) -> bool:
@@ -78,6 +81,17 @@ WIDER_SPACES = (
         "batch to the outer axis and lets only the inner one take another dim), mixed with "
         "the paper's block by block",
         whole_mesh=True,
+    ),
+    WiderSpace(
+        row="cfp_outer",
+        flag="--batch-outer",
+        title="CFP with the batch on the outer axis",
+        about="on a 2-D mesh whose device count the batch does not divide, every block whose "
+        "role took another dim than the batch to split over every device may also split the "
+        "batch itself over the outer axis (M' or E', see `DimRole`) with any role on the "
+        "inner one, beside the paper's strategies (where the paper's rule splits the "
+        "sequence over the outer axis instead); on other cases the space is the paper's",
+        batch_outer=True,
     ),
 )
 

@@ -43,6 +43,7 @@ def checked_arguments(
     free_axes: Any = False,
     whole_mesh: Any = False,
     shard_parameters: Any = False,
+    batch_outer: Any = False,
 ) -> tuple[MeshSpec, Platform]:
     """`analyze`'s arguments checked where they enter, before the step is traced: the mesh
     and platform normalised, every other argument's type and range."""
@@ -92,6 +93,7 @@ def checked_arguments(
         "free_axes": free_axes,
         "whole_mesh": whole_mesh,
         "shard_parameters": shard_parameters,
+        "batch_outer": batch_outer,
     }
     for name, value in switches.items():
         if not isinstance(value, bool):

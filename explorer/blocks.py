@@ -5,10 +5,14 @@ One pass over the traced Graph:
 1. Forward contraction ops (`dot_general`, `conv_general_dilated`), sorted by depth, each start
    a block unless already grouped. The head's partitionable dims get roles (E, M, N, K: see
    `DimRole` and `head_geometry`; a role with several candidate dims takes the first that
-   splits evenly, and `ParallelBlock.role_notes` says so). From the head's result the
+   splits evenly, and `ParallelBlock.role_notes` says so; given the mesh's `outer` axis size,
+   a first candidate of E or M passed over that splits over the outer axis alone is kept
+   as E' or M' for that axis). From the head's result the
    split of each spatial role (E, M, N) is propagated to users in program order; a user joins
    the block when every role's split maps to an even block split of its result (Eq. 2 via
-   `affine.AffineMap.split_target`). The first user that breaks it ends the block there.
+   `affine.AffineMap.split_target`). The first user that breaks it ends the block there;
+   a primed role that breaks is dropped from the block instead, so the blocks, and every
+   unprimed layout in them, are the same with or without `outer`.
 2. Ops on parameter input branches (casts, broadcasts, transposes of a weight) join the block
    that consumes them, with the layout that block requires, propagated backwards. A parameter
    wanted by two blocks keeps the first block's layout and the conflict is recorded.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from explorer import affine
@@ -45,11 +50,18 @@ _MAX_END_REASONS = 8
 Layout = dict[DimRole, int]
 
 
-def build_blocks(graph: Graph, parallelism: int) -> BlockAnalysis:
-    """Group the graph's ops into ParallelBlocks for a split into `parallelism` parts."""
+def build_blocks(graph: Graph, parallelism: int, outer: int | None = None) -> BlockAnalysis:
+    """Group the graph's ops into ParallelBlocks for a split into `parallelism` parts;
+    `outer` (a proper divisor of it: the outer axis size of a 2-D mesh) also places E' and
+    M' for that axis (`DimRole`)."""
     if parallelism < 1:
         raise ValueError(f"parallelism must be >= 1, found {parallelism}")
-    state = _State(graph, parallelism)
+    if outer is not None and (outer < 2 or outer >= parallelism or parallelism % outer):
+        raise ValueError(
+            f"outer must be a proper divisor of the parallelism {parallelism} (the outer "
+            f"axis of a 2-D mesh), found {outer}"
+        )
+    state = _State(graph, parallelism, outer)
     heads = sorted(
         (op for op in graph.contractions() if op.role is Role.FORWARD),
         key=lambda op: (op.depth, op.id),
@@ -65,6 +77,7 @@ def build_blocks(graph: Graph, parallelism: int) -> BlockAnalysis:
         conflicts=tuple(state.conflicts),
         unknown_primitives=tuple(sorted(state.unknown)),
         parallelism=parallelism,
+        outer_parts=outer,
     )
 
 
@@ -79,6 +92,17 @@ class _Draft:
     layouts: dict[int, Layout] = field(default_factory=dict)
     operands: list[tuple[int, int, int, Layout]] = field(default_factory=list)
     ends: list[str] = field(default_factory=list)
+    dropped: dict[DimRole, str] = field(default_factory=dict)  # primed roles, and why
+
+    def drop(self, role: DimRole, why: str) -> None:
+        """Take primed `role` out of the block: some op cannot carry its split."""
+        if role in self.dropped:
+            return
+        self.dropped[role] = why
+        for dims in self.layouts.values():
+            dims.pop(role, None)
+        for _, _, _, dims in self.operands:
+            dims.pop(role, None)
 
     def freeze(self, graph: Graph) -> ParallelBlock:
         def layout(value: int, dims: Layout) -> ValueLayout:
@@ -90,21 +114,25 @@ class _Draft:
             forward_ops=tuple(sorted(self.forward)),
             backward_ops=tuple(sorted(self.backward)),
             branch_ops=tuple(sorted(self.branch)),
-            role_sizes=tuple(self.geometry.role_sizes),
+            role_sizes=tuple(
+                (role, size) for role, size in self.geometry.role_sizes if role not in self.dropped
+            ),
             layouts=tuple(layout(v, d) for v, d in sorted(self.layouts.items())),
             operand_layouts=tuple(
                 OperandLayout(op, pos, layout(v, d)) for op, pos, v, d in self.operands
             ),
             scope=self.head.scope,
             ends=tuple(self.ends[:_MAX_END_REASONS]),
-            role_notes=self.geometry.notes,
+            role_notes=self.geometry.notes
+            + tuple(f"{role.value} dropped: {why}" for role, why in self.dropped.items()),
         )
 
 
 class _State:
-    def __init__(self, graph: Graph, parallelism: int) -> None:
+    def __init__(self, graph: Graph, parallelism: int, outer: int | None) -> None:
         self.graph = graph
         self.parts = parallelism
+        self.outer = outer
         self.block_of: list[int | None] = [None] * len(graph.ops)
         self.value_owner: dict[int, int] = {}
         self.conflicts: list[Conflict] = []
@@ -112,6 +140,10 @@ class _State:
         self._maps: dict[tuple[int, int], tuple[affine.AffineMap | None, ...] | None] = {}
         self.param_derived = self._parameter_derived()
         self.next_index = 0
+
+    def parts_of(self, role: DimRole) -> int:
+        """How many parts `role` splits into: the outer axis's for a primed role."""
+        return self.outer if role.outer_only and self.outer else self.parts
 
     # -- affine maps ----------------------------------------------------------------------
 
@@ -127,10 +159,10 @@ class _State:
     # -- Algorithm 1 ------------------------------------------------------------------------
 
     def grow(self, head: OpNode) -> _Draft:
-        draft = _Draft(self.next_index, head, head_geometry(head, self.parts))
+        draft = _Draft(self.next_index, head, head_geometry(head, self.parts, self.outer))
         self.next_index += 1
         self._add(draft, head, draft.forward)
-        out_layout = draft.geometry.result_dims(self.parts)
+        out_layout = draft.geometry.result_dims(self.parts_of)
         for vid in head.outputs:
             self._own(draft, vid, out_layout)
         # Program order is topological: when a user is popped, every operand it reads that
@@ -179,8 +211,10 @@ class _State:
         return draft
 
     def _propagate(self, draft: _Draft, op: OpNode) -> list[Layout] | None:
-        """Result layouts of `op` if every tracked split survives it, else None (recorded)."""
+        """Result layouts of `op` if every tracked split survives it, else None (recorded);
+        a primed role's split that does not survive is dropped from the block."""
         results: list[Layout] = []
+        breaks: dict[DimRole, str] = {}  # primed roles `op` cannot carry
         for result in range(len(op.outputs)):
             maps = self.maps(op, result)
             if maps is None:
@@ -193,16 +227,24 @@ class _State:
                     continue
                 op_map = maps[position] if position < len(maps) else None
                 for role, dim in source.items():
-                    target = op_map.split_target(dim, self.parts) if op_map else None
+                    target = op_map.split_target(dim, self.parts_of(role)) if op_map else None
                     if target is None or layout.get(role, target) != target:
-                        draft.ends.append(
+                        why = (
                             f"#{op.id} {op.primitive} ({op.scope}): the {role.value} split of "
                             f"operand {position} dim {dim} is not an even block split of its "
                             "result"
                         )
+                        if role.outer_only:
+                            breaks.setdefault(role, why)
+                            continue
+                        draft.ends.append(why)
                         return None
                     layout[role] = target
             results.append(layout)
+        for role, why in breaks.items():  # only once `op` joins: it is the block's op then
+            draft.drop(role, why)
+            for layout in results:
+                layout.pop(role, None)
         return results
 
     # -- parameter input branches ---------------------------------------------------------
@@ -224,7 +266,11 @@ class _State:
 
     def _operand_layout(self, draft: _Draft, op: OpNode, position: int) -> Layout | None:
         if op.id == draft.head.id:
-            return draft.geometry.operand_dims(position, self.parts)
+            return {
+                role: dim
+                for role, dim in draft.geometry.operand_dims(position, self.parts_of).items()
+                if role not in draft.dropped
+            }
         maps = self.maps(op)
         op_map = maps[position] if maps and position < len(maps) else None
         if op_map is None:
@@ -232,7 +278,7 @@ class _State:
         result_layout = draft.layouts.get(op.outputs[0], {})
         wanted: Layout = {}
         for role, dim in result_layout.items():
-            source = op_map.split_source(dim, self.parts)
+            source = op_map.split_source(dim, self.parts_of(role))
             if source is not None:
                 wanted[role] = source
         return wanted
@@ -265,7 +311,7 @@ class _State:
             op_map = maps[position] if maps and position < len(maps) else None
             upstream: Layout = {}
             for role, dim in wanted.items():
-                source = op_map.split_source(dim, self.parts) if op_map else None
+                source = op_map.split_source(dim, self.parts_of(role)) if op_map else None
                 if source is not None:
                     upstream[role] = source
             self._claim_branch(draft, operand, upstream)
@@ -325,18 +371,31 @@ class _State:
                     candidates[self.graph.values[vid].type.shape].append(draft.layouts[vid])
         for result, vid in enumerate(op.outputs):
             found = candidates.get(self.graph.values[vid].type.shape, [])
-            if not found or any(f != found[0] for f in found):
+            unprimed = [{r: d for r, d in f.items() if not r.outer_only} for f in found]
+            if not found or any(f != unprimed[0] for f in unprimed):
                 continue
             # A shape can match the wrong value: the gradient of a square weight comes out
             # of its dot transposed ([out, in] before the `transpose`), the weight's shape,
             # split on the other dim. Where the op's operands put the split elsewhere, the
             # value is left to placement's follow rule, which maps it through the op.
-            if self._agrees_with_operands(draft, op, result, found[0]):
-                self._own(draft, vid, dict(found[0]))
+            breaks = {
+                role: f"#{op.id} {op.primitive} ({op.scope}): the forward values of its "
+                f"result's shape disagree on the {role.value} split"
+                for role in {r for f in found for r in f if r.outer_only}
+                if any(f.get(role) != found[0].get(role) for f in found)
+            }
+            layout = dict(found[0])
+            if self._agrees_with_operands(draft, op, result, layout, breaks):
+                for role, why in breaks.items():
+                    draft.drop(role, why)
+                self._own(draft, vid, {r: d for r, d in layout.items() if r not in breaks})
 
-    def _agrees_with_operands(self, draft: _Draft, op: OpNode, result: int, layout: Layout) -> bool:
+    def _agrees_with_operands(
+        self, draft: _Draft, op: OpNode, result: int, layout: Layout, breaks: dict[DimRole, str]
+    ) -> bool:
         """Whether every split of an operand the block knows lands where `layout` puts it (a
-        split the op cannot carry, e.g. a contracted one, must be absent from `layout`)."""
+        split the op cannot carry, e.g. a contracted one, must be absent from `layout`); a
+        primed role's split that does not is added to `breaks` instead."""
         maps = self.maps(op, result)
         if maps is None:
             return True  # nothing to check against: the shape is all we know
@@ -346,8 +405,15 @@ class _State:
             if source is None or op_map is None:
                 continue
             for role, dim in source.items():
-                if layout.get(role) != op_map.split_target(dim, self.parts):
-                    return False
+                if layout.get(role) != op_map.split_target(dim, self.parts_of(role)):
+                    if not role.outer_only:
+                        return False
+                    breaks.setdefault(
+                        role,
+                        f"#{op.id} {op.primitive} ({op.scope}): the {role.value} split of "
+                        f"operand {position} dim {dim} does not land where the forward value "
+                        "of its result's shape has it",
+                    )
         return True
 
     def _known_layout(self, draft: _Draft, vid: int) -> Layout | None:
@@ -410,37 +476,41 @@ class HeadGeometry:
     def role_sizes(self) -> list[tuple[DimRole, int]]:
         return [(role, place.size) for role, place in self.places]
 
-    def result_dims(self, parts: int) -> Layout:
-        """The result dim of each role that splits into `parts` even blocks."""
+    def result_dims(self, parts_of: Callable[[DimRole], int]) -> Layout:
+        """The result dim of each role that splits into its `parts_of(role)` even blocks."""
         return {
             role: place.result
             for role, place in self.places
-            if place.result is not None and place.size % parts == 0
+            if place.result is not None and place.size % parts_of(role) == 0
         }
 
-    def operand_dims(self, position: int, parts: int) -> Layout:
+    def operand_dims(self, position: int, parts_of: Callable[[DimRole], int]) -> Layout:
         """The dim of operand `position` (0: lhs, 1: rhs) each splittable role lands on."""
         dims: Layout = {}
         for role, place in self.places:
             dim = place.lhs if position == 0 else place.rhs if position == 1 else None
-            if dim is not None and place.size % parts == 0:
+            if dim is not None and place.size % parts_of(role) == 0:
                 dims[role] = dim
         return dims
 
 
-def head_geometry(head: OpNode, parts: int) -> HeadGeometry:
-    """The roles of a contraction op heading a block split into `parts` parts."""
+def head_geometry(head: OpNode, parts: int, outer: int | None = None) -> HeadGeometry:
+    """The roles of a contraction op heading a block split into `parts` parts (and, given
+    the outer axis size `outer`, its primed roles)."""
     if head.primitive == "conv_general_dilated":
         return _conv_geometry(head)
-    return _dot_geometry(head, parts)
+    return _dot_geometry(head, parts, outer)
 
 
-def _dot_geometry(head: OpNode, parts: int) -> HeadGeometry:
+def _dot_geometry(head: OpNode, parts: int, outer: int | None) -> HeadGeometry:
     """E: a batch dim, M: a free lhs dim, N: a free rhs dim, K: a contracted dim.
 
     A role with several candidate dims takes the first whose size divides into `parts`
     (the first one when none does): a fused q/k/v projection `[d] x [d, 3, heads, hd]`
-    splits its heads, not the size-3 q/k/v dim.
+    splits its heads, not the size-3 q/k/v dim. Where E or M so passed over its first
+    candidate and that one divides into `outer` parts, E' or M' takes it (the batch of 4
+    of an `[4, 1024, d]` activation on a 2x4 mesh: M splits the sequence over the whole
+    mesh, M' the batch over the outer axis).
     """
     (lc, rc), (lb, rb) = head.param("dimension_numbers")
     lhs, rhs = head.input_types[0].shape, head.input_types[1].shape
@@ -460,6 +530,15 @@ def _dot_geometry(head: OpNode, parts: int) -> HeadGeometry:
             place, note = _first_dividing(role, options, parts)
             places.append((role, place))
             notes.extend(note)
+    primed = {DimRole.E: DimRole.E_OUTER, DimRole.M: DimRole.M_OUTER}
+    for role, place in list(places):
+        first = candidates[role][0]
+        if role in primed and outer and place is not first and first.size % outer == 0:
+            places.append((primed[role], first))
+            notes.append(
+                f"{primed[role].value}: {first.describe()} splits over the outer axis "
+                f"({outer} parts), not over all {parts}"
+            )
     return HeadGeometry(tuple(places), tuple(notes))
 
 

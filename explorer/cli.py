@@ -27,6 +27,10 @@ SHARD_PARAMETERS_HELP = (
     "also offer each batch-split block its ZeRO-3 twin (parameters and optimizer state kept "
     "sharded over the batch axes, gathered where used)"
 )
+BATCH_OUTER_HELP = (
+    "2-D: where the batch splits over the outer axis but not over every device, also offer "
+    "each block the batch's own dim on the outer axis (M', E') with any role on the inner one"
+)
 WHOLE_MESH_HELP = (
     "2-D: also offer each block its 1-D strategies over the flattened mesh (each dim split "
     "over every device)"
@@ -136,6 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(rows cfp_whole, cfp_whole_gpu); without it the report shows them where the cache "
         "holds that space",
     )
+    bench.add_argument(
+        "--batch-outer",
+        action="store_true",
+        help="with --paper: also profile CFP's space with the batch's own dim on the outer axis "
+        "of 2-D meshes where the batch does not split over every device (rows cfp_outer, "
+        "cfp_outer_gpu); without it the report shows them where the cache holds that space",
+    )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
     bench.add_argument(
         "--cache",
@@ -184,6 +195,7 @@ def _add_space_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--free-axes", action="store_true", help="2-D: free the batch axis")
     parser.add_argument("--whole-mesh", action="store_true", help=WHOLE_MESH_HELP)
     parser.add_argument("--shard-parameters", action="store_true", help=SHARD_PARAMETERS_HELP)
+    parser.add_argument("--batch-outer", action="store_true", help=BATCH_OUTER_HELP)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,6 +237,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
         "free axes": args.free_axes,
         "whole mesh": args.whole_mesh,
         "shard parameters": args.shard_parameters,
+        "batch outer": args.batch_outer,
         "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
         "only": list(only),
     }
@@ -250,6 +263,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             free_axes=args.free_axes,
             whole_mesh=args.whole_mesh,
             shard_parameters=args.shard_parameters,
+            batch_outer=args.batch_outer,
             workers=args.workers or (1 if args.backend == "measured" else None),
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
         )
@@ -296,6 +310,7 @@ def _plan(args: argparse.Namespace) -> int:
             free_axes=args.free_axes,
             whole_mesh=args.whole_mesh,
             shard_parameters=args.shard_parameters,
+            batch_outer=args.batch_outer,
             platform=platform,
             backend=args.backend,
             cache=None if args.no_cache else args.cache,
@@ -375,6 +390,7 @@ def _bench(args: argparse.Namespace) -> int:
         ("--gpu-memory", args.gpu_memory),
         ("--shard-parameters", args.shard_parameters),
         ("--whole-mesh", args.whole_mesh),
+        ("--batch-outer", args.batch_outer),
     ):
         if given and not args.paper:
             raise InputError(f"{flag} is for paper cases: expected it with --paper, found it alone")
@@ -393,6 +409,7 @@ def _bench(args: argparse.Namespace) -> int:
             wider={
                 "cfp_zero": "compile" if args.shard_parameters else "kept",
                 "cfp_whole": "compile" if args.whole_mesh else "kept",
+                "cfp_outer": "compile" if args.batch_outer else "kept",
             },
             jobs=int(args.jobs),
         )

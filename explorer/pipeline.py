@@ -45,6 +45,7 @@ def analyze(
     free_axes: bool = ...,
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
+    batch_outer: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
@@ -68,6 +69,7 @@ def analyze(
     free_axes: bool = ...,
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
+    batch_outer: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
@@ -90,6 +92,7 @@ def analyze(
     free_axes: bool = False,
     whole_mesh: bool = False,
     shard_parameters: bool = False,
+    batch_outer: bool = False,
     memory_resolution: BytesLike = 0,
     arg_roles: ArgRoles | None = None,
     config_cap: int = DEFAULT_CONFIG_CAP,
@@ -104,7 +107,9 @@ def analyze(
     boundary with `backend` priced on `platform`. `cache=None` keeps nothing on disk.
     On a 2-D mesh the batch is pinned to the outer axis (the paper's rule); `whole_mesh`
     also offers every block its 1-D strategies over the flattened mesh (tensor parallelism
-    over all the devices, say), `free_axes` every axis-to-role assignment.
+    over all the devices, say), `free_axes` every axis-to-role assignment, `batch_outer`
+    the batch's own dim on the outer axis where the batch does not split over the whole
+    mesh (M' and E', see `DimRole`), beside the paper's strategies.
     `shard_parameters` offers every block that splits its batch a twin keeping its
     parameters (and their optimizer state) sharded over the batch axes between steps, as
     ZeRO-3/FSDP does: the solver then trades their gathers for memory block by block.
@@ -138,6 +143,7 @@ def analyze(
         free_axes=free_axes,
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
+        batch_outer=batch_outer,
     )
     resolution = int(parse_bytes(memory_resolution, "memory_resolution"))
     if traced is None:
@@ -156,6 +162,7 @@ def analyze(
         free_axes=free_axes,
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
+        batch_outer=batch_outer,
     )
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
@@ -169,6 +176,7 @@ def analyze(
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
         config_cap=config_cap,
+        batch_outer=any(role.outer_only for block in blocks.blocks for role in block.roles),
     )
     if not profile:
         return SegmentedStep(

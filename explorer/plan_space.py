@@ -31,6 +31,7 @@ def space_options(
     whole_mesh: bool = False,
     shard_parameters: bool = False,
     config_cap: int = DEFAULT_CONFIG_CAP,
+    batch_outer: bool = False,
 ) -> SpaceOptions:
     """`analyze`'s options as the space they make: on a 1-D mesh the 2-D widenings change
     nothing, so they are dropped."""
@@ -40,6 +41,7 @@ def space_options(
         whole_mesh=whole_mesh and two_d,
         shard_parameters=shard_parameters,
         config_cap=config_cap,
+        batch_outer=batch_outer and two_d,
     )
 
 
@@ -104,6 +106,7 @@ def space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
             free_axes=options.free_axes,
             whole_mesh=options.whole_mesh,
             shard_parameters=options.shard_parameters,
+            batch_outer=options.batch_outer,
         )
         return space, build_segments(graph, space, cap=options.config_cap)
     blocks = build_blocks(graph, mesh.size)

@@ -101,14 +101,16 @@ class IlpReport:
 
 @dataclass(frozen=True, slots=True)
 class SpaceOptions:
-    """What `analyze` searched beyond the paper's space (the 2-D widenings `free_axes` and
-    `whole_mesh`, ZeRO twins) and the configuration cap it cut segments under: with the
-    step, what decides a block plan's strategies and where its segment boundaries fall."""
+    """What `analyze` searched beyond the paper's space (the 2-D widenings `free_axes`,
+    `whole_mesh` and `batch_outer`, ZeRO twins) and the configuration cap it cut segments
+    under: with the step, what decides a block plan's strategies and where its segment
+    boundaries fall."""
 
     free_axes: bool = False
     whole_mesh: bool = False
     shard_parameters: bool = False
     config_cap: int = DEFAULT_CONFIG_CAP
+    batch_outer: bool = False  # last: a recorded space's fields keep their order
 
 
 PAPER_SPACE = SpaceOptions()  # the paper's space, under the default cap

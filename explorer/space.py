@@ -10,7 +10,11 @@ also offers every other role split over the whole mesh: the 1-D strategies of th
 mesh, so a 2-D plan can be what the same devices' 1-D plan would be (tensor parallelism over
 all of them, where the batch is too small to split that far) and mix it with the pinned
 strategies block by block. `free_axes=True` enumerates every axis-to-role assignment (the
-whole-mesh ones among them). With `stored_parameters` a block owning
+whole-mesh ones among them). `batch_outer=True` builds the blocks with primed roles where
+the batch splits over the outer axis but not over the whole mesh (`DimRole`: M' on the
+batch of 4 where M, placed for 8 parts, takes the sequence), and pins M' (else E') to the
+outer axis beside the paper's strategies, each with every other role on the inner axis.
+With `stored_parameters` a block owning
 parameters also gets ZeRO-3 twins: each batch-splitting strategy once more, its parameters
 kept sharded over the batch axes between steps (`Strategy.stored`). A strategy that cannot
 apply is kept in `ParallelBlock.excluded` with the reason; a block left with none keeps only
@@ -87,17 +91,25 @@ def step_space(
     free_axes: bool = False,
     whole_mesh: bool = False,
     shard_parameters: bool = False,
+    batch_outer: bool = False,
 ) -> BlockAnalysis:
     """The step's ParallelBlocks with their strategies on `mesh`: the space `analyze` and
     the cluster's profiler search (`shard_parameters`: with ZeRO twins)."""
     stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
     return build_space(
-        build_blocks(graph, mesh.size),
+        step_blocks(graph, mesh, batch_outer=batch_outer),
         mesh,
         free_axes=free_axes,
         whole_mesh=whole_mesh,
         stored_parameters=stored,
     )
+
+
+def step_blocks(graph: Graph, mesh: MeshSpec, *, batch_outer: bool = False) -> BlockAnalysis:
+    """The step's ParallelBlocks on `mesh`, with primed roles for its outer axis if
+    `batch_outer` (and the mesh has one: a 1-D mesh's blocks are the paper's)."""
+    outer = mesh.shape[0] if batch_outer and 1 < mesh.shape[0] < mesh.size else None
+    return build_blocks(graph, mesh.size, outer)
 
 
 def parameter_ids(graph: Graph) -> frozenset[int]:
@@ -106,16 +118,21 @@ def parameter_ids(graph: Graph) -> frozenset[int]:
 
 
 def stored_twins(strategies: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
-    """Per strategy splitting the batch (M), its twin storing the parameters over those axes.
+    """Per strategy splitting the batch (M or M'), its twin storing the parameters over
+    those axes.
 
     The batch axes are exactly where such a block holds its weights whole (M never splits a
     weight), so that is where keeping them sharded saves memory without changing the
     block's computation."""
     return tuple(
-        replace(strategy, stored=strategy.axes_of(DimRole.M))
+        replace(strategy, stored=_batch_axes(strategy))
         for strategy in strategies
-        if strategy.axes_of(DimRole.M) and not strategy.stored
+        if _batch_axes(strategy) and not strategy.stored
     )
+
+
+def _batch_axes(strategy: Strategy) -> tuple[str, ...]:
+    return strategy.axes_of(DimRole.M_OUTER) + strategy.axes_of(DimRole.M)
 
 
 def block_strategies(
@@ -149,24 +166,31 @@ def _candidates(
     roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool, whole_mesh: bool
 ) -> list[Strategy]:
     names = mesh.names
+    primed = [role for role in roles if role.outer_only]  # the outer axis's alone
+    plain = [role for role in roles if not role.outer_only]
     if len(names) == 1:
-        return [Strategy(((role, names),)) for role in roles]
+        return [Strategy(((role, names),)) for role in plain]
     if not free_axes:
         outer, inner = names[0], names[1:]
         out = []
-        for role in roles:
+        for role in plain:
             if role is DimRole.M:
                 out.append(Strategy(((DimRole.M, names),)))
             else:
                 out.append(Strategy(((DimRole.M, (outer,)), (role, inner))))
             if role is DimRole.E:  # experts over the whole mesh, as the batch can be
                 out.append(Strategy(((DimRole.E, names),)))
-        if whole_mesh:  # after the paper's strategies: their indices stay the same
-            whole = (Strategy(((role, names),)) for role in roles)
+        # after the paper's strategies (their indices stay the same): the batch's own dim
+        # on the outer axis, where M or E took another one to split over the whole mesh
+        for batch in sorted(primed, key=lambda role: role is not DimRole.M_OUTER)[:1]:
+            out += [Strategy(((batch, (outer,)), (role, inner))) for role in plain]
+        if whole_mesh:
+            whole = (Strategy(((role, names),)) for role in plain)
             out += [strategy for strategy in whole if strategy not in out]
         return out
     out = []
-    for choice in itertools.product(roles, repeat=len(names)):
+    per_axis = [roles] + [plain] * (len(names) - 1)  # a primed role on the outer axis alone
+    for choice in itertools.product(*per_axis):
         grouped: dict[DimRole, tuple[str, ...]] = {}
         for axis, role in zip(names, choice, strict=True):
             grouped[role] = (*grouped.get(role, ()), axis)

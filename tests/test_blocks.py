@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from typing import Any
 
@@ -258,3 +259,90 @@ def test_a_square_weights_transposed_gradient_keeps_the_split_its_dot_gives_it()
     for op in w_out_gradient:
         layout = analysis.blocks[1].layout_of(op.outputs[0])
         assert layout is None or layout.dim_of(DimRole.K) == 1  # [out, in]: K is `in`
+
+
+def _batched_step(params: Any, opt_state: Any, x: jax.Array, *, sum_batch: bool = False) -> Any:
+    """A two-layer MLP over `[batch, seq, d]` activations; `sum_batch` sums the hidden
+    activations over the batch (an op a split of the batch cannot pass)."""
+
+    def loss(p: Any) -> jax.Array:
+        h = jax.nn.relu(x @ p["w_in"])
+        if sum_batch:
+            h = h.sum(0)
+        return jnp.mean((h @ p["w_out"]) ** 2)
+
+    value, grads = jax.value_and_grad(loss)(params)
+    updates, opt_state = optax.sgd(0.1).update(grads, opt_state, params)
+    return value, optax.apply_updates(params, updates), opt_state
+
+
+def _batched_graph(sum_batch: bool = False, batch: int = 2) -> Any:
+    params = {"w_in": jnp.ones((16, 32)), "w_out": jnp.ones((32, 16))}
+    return ex.trace(
+        functools.partial(_batched_step, sum_batch=sum_batch),
+        params,
+        optax.sgd(0.1).init(params),
+        jnp.ones((batch, 8, 16)),  # a batch of 2 does not split 8 ways; the sequence does
+    )
+
+
+def _unprimed(block: Any) -> list[tuple[int, tuple[tuple[DimRole, int], ...]]]:
+    return [
+        (layout.value, tuple((r, d) for r, d in layout.dims if not r.outer_only))
+        for layout in block.layouts
+    ]
+
+
+def test_the_batch_the_whole_mesh_does_not_split_is_kept_for_the_outer_axis() -> None:
+    # on 2x4 M takes the sequence (the batch of 2 does not split 8 ways); with the outer
+    # axis's size M' takes the batch for that axis, and the blocks are otherwise the same
+    graph = _batched_graph()
+    plain, primed = build_blocks(graph, 8), build_blocks(graph, 8, outer=2)
+    assert len(plain.blocks) == len(primed.blocks) == 2
+    for before, after in zip(plain.blocks, primed.blocks, strict=True):
+        assert before.ops == after.ops
+        assert _unprimed(after) == _unprimed(before)
+        assert dict(before.role_sizes)[DimRole.M] == 8
+        assert dict(after.role_sizes)[DimRole.M_OUTER] == 2
+        assert "M': lhs dim 0 (size 2) splits over the outer axis (2 parts)" in " ".join(
+            after.role_notes
+        )
+    head = graph.ops[primed.blocks[0].head]
+    out = primed.blocks[0].layout_of(head.outputs[0])
+    assert out is not None and (out.dim_of(DimRole.M_OUTER), out.dim_of(DimRole.M)) == (0, 1)
+    # where the batch splits over the whole mesh, M takes it and nothing is primed
+    whole = build_blocks(_batched_graph(batch=8), 8, outer=2)
+    assert [b.roles for b in whole.blocks] == [(DimRole.M, DimRole.N, DimRole.K)] * 2
+
+
+def test_the_batch_outer_space_adds_the_batch_on_the_outer_axis_after_the_paper_s() -> None:
+    graph = _batched_graph()
+    spec = mesh_spec((2, 4))
+    paper = build_space(build_blocks(graph, 8), spec)
+    outer = build_space(build_blocks(graph, 8, outer=2), spec)
+    for before, after in zip(paper.blocks, outer.blocks, strict=True):
+        names = [s.name for s in after.strategies]
+        assert names[: len(before.strategies)] == [s.name for s in before.strategies]
+        assert names[len(before.strategies) :] == ["M'@x,M@y", "M'@x,N@y", "M'@x,K@y"]
+    free = build_space(build_blocks(graph, 8, outer=2), spec, free_axes=True)
+    primed = [s for b in free.blocks for s in b.strategies if s.axes_of(DimRole.M_OUTER)]
+    assert primed and all(s.axes_of(DimRole.M_OUTER) == ("x",) for s in primed)
+
+
+def test_a_primed_role_an_op_cannot_carry_is_dropped_and_the_block_goes_on() -> None:
+    # summing over the batch ends a split of the batch, not of the sequence: the block
+    # keeps the sum and every op it had without the outer axis, and drops M' (saying where)
+    graph = _batched_graph(sum_batch=True)
+    plain, primed = build_blocks(graph, 8), build_blocks(graph, 8, outer=2)
+    first = primed.blocks[0]
+    assert first.ops == plain.blocks[0].ops
+    assert _unprimed(first) == _unprimed(plain.blocks[0])
+    assert DimRole.M_OUTER not in first.roles
+    assert any(n.startswith("M' dropped: #") and "reduce_sum" in n for n in first.role_notes)
+    assert first.layouts == plain.blocks[0].layouts  # no layout keeps a split of the batch
+
+
+@pytest.mark.parametrize("outer", [1, 3, 8])
+def test_an_outer_axis_that_is_no_proper_divisor_is_refused(outer: int) -> None:
+    with pytest.raises(ValueError, match=f"proper divisor of the parallelism 8.*found {outer}"):
+        build_blocks(_batched_graph(), 8, outer=outer)

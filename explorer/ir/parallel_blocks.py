@@ -24,12 +24,24 @@ class DimRole(StrEnum):
     `ParallelBlock.role_notes` says which were passed over. A convolution's roles: M is its
     batch, N its output features, K its input features; a grouped convolution splits whole
     feature groups as E instead of N and K.
+
+    E' and M' exist only in a space built for the outer axis (`build_blocks(outer=...)`):
+    where E or M passed over its first candidate dim because it does not split over the
+    whole mesh, but that dim does split over the mesh's outer axis (a batch of 4 on 2x4),
+    the primed role keeps it for that axis alone, so the batch can still be split there.
     """
 
     E = "E"
     M = "M"
     N = "N"
     K = "K"
+    E_OUTER = "E'"
+    M_OUTER = "M'"
+
+    @property
+    def outer_only(self) -> bool:
+        """Whether the role splits over the mesh's outer axis only (E', M')."""
+        return self in (DimRole.E_OUTER, DimRole.M_OUTER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +159,7 @@ class BlockAnalysis:
     conflicts: tuple[Conflict, ...]
     unknown_primitives: tuple[str, ...]  # primitives the affine analysis does not know
     parallelism: int
+    outer_parts: int | None = None  # the outer axis size E' and M' were placed for, if any
 
     def __post_init__(self) -> None:
         seen: set[int] = set()
