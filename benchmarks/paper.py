@@ -255,7 +255,8 @@ def _with_wider_space(
     (their XLA:GPU memory to `gpu`); the analysis and its search cost, as `run_case` reports
     it.
     `traced` is the step's graph from the paper space's analysis, not traced again.
-    None where the space is the paper's (a 2-D widening on a 1-D mesh), or where the run
+    None where the space is the paper's (a 2-D widening on a 1-D mesh, the batch-outer
+    space where the batch splits over every device), or where the run
     keeps to the cache ("kept") and the cache lacks a program of that space, or where the
     space's frontier is too large to solve (the report's "Not run" says so)."""
     from explorer.errors import FrontierTooLargeError, ProfilingCancelled
@@ -295,6 +296,8 @@ def _with_wider_space(
     except FrontierTooLargeError as err:  # too large even so
         run.skipped.append(f"{case.label}: {space.title}: {str(err).splitlines()[0]}")
         return None
+    if space.batch_outer and not analysis.space.batch_outer:
+        return None  # no block primed a role: the batch splits over every device already
     cost = _search_cost(analysis, time.perf_counter() - start)
     run.frontiers_kept += analysis.frontier_kept
     mine: dict[str, Any] = {}

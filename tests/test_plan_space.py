@@ -105,3 +105,31 @@ def test_a_malformed_space_is_refused_naming_the_field(gpt: Any, space: Any, fou
     with pytest.raises(PlanError, match="space") as caught:
         plan_from_json(document, "plan.json")
     assert found in str(caught.value)
+
+
+def test_a_batch_outer_plan_records_its_space_and_applies_with_its_primed_roles() -> None:
+    """Tiny GPT at batch 2 on 2x2: the batch does not split 4 ways, so the batch-outer space
+    primes M' (E' in the attention cores) in every block. A plan splitting the batch over x
+    names roles no other space has: it records the space, its document says so, and
+    `space_of` rebuilds the same strategies and segments. At batch 4 nothing is primed:
+    that space is the paper's, and records nothing."""
+    config = ex.models.GPTConfig.tiny().replace(num_layers=2, batch=2)
+    step, args = ex.models.gpt(config)
+    outer = ex.analyze(step, *args, mesh=(2, 2), profile=False, cache=None, batch_outer=True)
+    assert outer.space == SpaceOptions(batch_outer=True)
+    names = [
+        next(s.name for s in block.strategies if s.name.startswith(("M'@x", "E'@x")))
+        for block in outer.blocks
+    ]
+    plan = _plan(outer, names)
+    assert plan.space == SpaceOptions(batch_outer=True)
+    assert plan_to_json(plan)["space"] == {"batch_outer": True}
+    assert plan_from_json(json.loads(plan.to_json())) == plan
+    space, segments = space_of(plan, outer.graph)
+    assert [[s.name for s in b.strategies] for b in space.blocks] == [
+        [s.name for s in b.strategies] for b in outer.blocks
+    ]
+    assert segments.boundaries == outer.segments.boundaries
+    step, args = ex.models.gpt(config.replace(batch=4))
+    unprimed = ex.analyze(step, *args, mesh=(2, 2), profile=False, cache=None, batch_outer=True)
+    assert unprimed.space == PAPER_SPACE
