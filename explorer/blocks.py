@@ -381,8 +381,8 @@ class _State:
             breaks = {
                 role: f"#{op.id} {op.primitive} ({op.scope}): the forward values of its "
                 f"result's shape disagree on the {role.value} split"
-                for role in {r for f in found for r in f if r.outer_only}
-                if any(f.get(role) != found[0].get(role) for f in found)
+                for role in DimRole
+                if role.outer_only and any(f.get(role) != found[0].get(role) for f in found)
             }
             layout = dict(found[0])
             if self._agrees_with_operands(draft, op, result, layout, breaks):

@@ -13,7 +13,7 @@ strategies block by block. `free_axes=True` enumerates every axis-to-role assign
 whole-mesh ones among them). `batch_outer=True` builds the blocks with primed roles where
 the batch splits over the outer axis but not over the whole mesh (`DimRole`: M' on the
 batch of 4 where M, placed for 8 parts, takes the sequence), and pins M' (else E') to the
-outer axis beside the paper's strategies, each with every other role on the inner axis.
+outer axis beside the paper's strategies, each with every unprimed role on the inner axis.
 With `stored_parameters` a block owning
 parameters also gets ZeRO-3 twins: each batch-splitting strategy once more, its parameters
 kept sharded over the batch axes between steps (`Strategy.stored`). A strategy that cannot

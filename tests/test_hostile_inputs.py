@@ -263,6 +263,7 @@ ROWS: tuple[Row, ...] = (
     Row("profile='yes'", lambda w: w.analyze(profile="yes"), InputError, "profile", True),
     Row("free_axes=1", lambda w: w.analyze(free_axes=1), InputError, "free_axes", True),
     Row("whole_mesh=None", lambda w: w.analyze(whole_mesh=None), InputError, "whole_mesh", True),
+    Row("batch_outer='x'", lambda w: w.analyze(batch_outer="x"), InputError, "batch_outer", True),
     Row(
         "memory_resolution='fine'",
         lambda w: w.analyze(memory_resolution="fine"),

@@ -170,7 +170,8 @@ class BlockAnalysis:
             seen |= ops
 
     def summary(self, graph: Graph) -> str:
-        lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism})"]
+        outer = f", E'/M' for an outer axis of {self.outer_parts}" if self.outer_parts else ""
+        lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism}{outer})"]
         for block in self.blocks:
             head = graph.ops[block.head]
             inner = sum(
