@@ -260,10 +260,14 @@ def _with_wider_space(
     keeps to the cache ("kept") and the cache lacks a program of that space, or where the
     space's frontier is too large to solve (the report's "Not run" says so)."""
     from explorer.errors import FrontierTooLargeError, ProfilingCancelled
+    from explorer.mesh import mesh_spec
     from explorer.pipeline import analyze
+    from explorer.space import step_blocks
 
     if (space.two_d_only and len(case.mesh) == 1) or run.wider.get(space.row) == "off":
         return None
+    if space.batch_outer and not step_blocks(traced, mesh_spec(case.mesh), batch_outer=True).primed:
+        return None  # no block primes a role: the batch splits over every device already
     capacity = platform.device.memory_bytes
     cancel = threading.Event()
     if run.wider.get(space.row) != "compile":
@@ -296,8 +300,6 @@ def _with_wider_space(
     except FrontierTooLargeError as err:  # too large even so
         run.skipped.append(f"{case.label}: {space.title}: {str(err).splitlines()[0]}")
         return None
-    if space.batch_outer and not analysis.space.batch_outer:
-        return None  # no block primed a role: the batch splits over every device already
     cost = _search_cost(analysis, time.perf_counter() - start)
     run.frontiers_kept += analysis.frontier_kept
     mine: dict[str, Any] = {}

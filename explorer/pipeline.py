@@ -176,7 +176,7 @@ def analyze(
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
         config_cap=config_cap,
-        batch_outer=any(role.outer_only for block in blocks.blocks for role in block.roles),
+        batch_outer=blocks.primed,
     )
     if not profile:
         return SegmentedStep(

@@ -166,8 +166,7 @@ def _candidates(
     roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool, whole_mesh: bool
 ) -> list[Strategy]:
     names = mesh.names
-    primed = [role for role in roles if role.outer_only]  # the outer axis's alone
-    plain = [role for role in roles if not role.outer_only]
+    plain = [role for role in roles if not role.outer_only]  # a primed one: the outer axis's
     if len(names) == 1:
         return [Strategy(((role, names),)) for role in plain]
     if not free_axes:
@@ -182,7 +181,8 @@ def _candidates(
                 out.append(Strategy(((DimRole.E, names),)))
         # after the paper's strategies (their indices stay the same): the batch's own dim
         # on the outer axis, where M or E took another one to split over the whole mesh
-        for batch in sorted(primed, key=lambda role: role is not DimRole.M_OUTER)[:1]:
+        batch = next((r for r in (DimRole.M_OUTER, DimRole.E_OUTER) if r in roles), None)
+        if batch is not None:
             out += [Strategy(((batch, (outer,)), (role, inner))) for role in plain]
         if whole_mesh:
             whole = (Strategy(((role, names),)) for role in plain)

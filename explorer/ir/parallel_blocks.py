@@ -169,6 +169,11 @@ class BlockAnalysis:
                 raise ValueError(f"blocks overlap on ops {sorted(ops & seen)[:5]}")
             seen |= ops
 
+    @property
+    def primed(self) -> bool:
+        """Whether some block kept a primed role (E', M') for the outer axis."""
+        return any(role.outer_only for block in self.blocks for role in block.roles)
+
     def summary(self, graph: Graph) -> str:
         outer = f", E'/M' for an outer axis of {self.outer_parts}" if self.outer_parts else ""
         lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism}{outer})"]
