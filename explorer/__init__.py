@@ -4,6 +4,7 @@ Public verbs only; the stages live in their own modules and `pipeline` chains th
 """
 
 from explorer import explain, models
+from explorer.across_spaces import fastest_plan
 from explorer.errors import ExplorerError
 from explorer.ir import Graph
 from explorer.pipeline import Analysis, SegmentedStep, analyze
@@ -20,6 +21,7 @@ __all__ = [
     "apply_plan",
     "evaluate",
     "explain",
+    "fastest_plan",
     "load_plan",
     "models",
     "trace",

@@ -1,0 +1,77 @@
+"""The fastest plan over several spaces CFP searched for one step.
+
+A wider space (`whole_mesh`, `batch_outer`, `shard_parameters`) offers every block the
+paper's strategies and more, but it also cuts the step into its own segments, and each plan is
+priced, and applied, with its own space's cut. So a wider space's plans are not a superset of
+the paper's as they run: a whole-mesh plan that keeps every paper strategy may run slower than
+the paper's own plan, and the wider space's fastest plan may be slower than the paper's.
+Searching several spaces and keeping the plan predicted fastest is what a user comparing them
+would do; `fastest_plan` does it, by prediction alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from explorer.analysis import Analysis
+from explorer.errors import InputError, NoPlanFitsError
+from explorer.plan_build import model_fingerprint
+from explorer.plan_types import Plan
+from explorer.units import BytesLike, parse_bytes
+
+
+def fastest_plan(analyses: Sequence[Analysis], memory_budget: BytesLike | None = None) -> Plan:
+    """The plan predicted fastest within `memory_budget` bytes per device (see
+    `Analysis.plan`) over `analyses`: analyses of one step on one mesh and platform, each of
+    its own space. Equal predictions keep the earlier analysis's plan. Where no space has a
+    plan within the budget, `NoPlanFitsError` names the leanest over every space."""
+    _check_same_step(analyses)
+    budget = None if memory_budget is None else parse_bytes(memory_budget, "memory_budget")
+    plans = []
+    for analysis in analyses:
+        try:
+            plans.append(analysis.plan(memory_budget=budget))
+        except NoPlanFitsError:
+            continue
+    if not plans:
+        assert budget is not None  # without a budget every space has its fastest plan
+        least = min(a.frontier.min_memory for a in analyses)
+        raise NoPlanFitsError(
+            f"no plan of the {len(analyses)} spaces fits a memory budget of "
+            f"{budget / 2**30:.2f} GiB per device: the smallest plan of any needs "
+            f"{least / 2**30:.2f} GiB ({least} bytes). Raise the budget, use more devices, or "
+            "add a mesh axis."
+        )
+    # min keeps the first of equals: the order the caller gave the spaces in
+    return min(plans, key=lambda plan: plan.predicted.time)
+
+
+def _check_same_step(analyses: Sequence[Analysis]) -> None:
+    """Refuse, before solving anything, what is not several analyses of one step on one mesh
+    and platform: their plans would not be one user's choice."""
+    if isinstance(analyses, Analysis) or not isinstance(analyses, Sequence) or not analyses:
+        raise InputError(
+            "fastest_plan: expected a non-empty sequence of Analysis (one per space, from "
+            f"analyze(...)), found {type(analyses).__name__} {analyses!r}"[:300]
+        )
+    for position, analysis in enumerate(analyses):
+        if not isinstance(analysis, Analysis):
+            raise InputError(
+                f"fastest_plan: analyses[{position}]: expected an Analysis (analyze(...) with "
+                f"profile=True), found {type(analysis).__name__}"
+            )
+    first = analyses[0]
+    step = model_fingerprint(first.graph)
+    for position, analysis in enumerate(analyses[1:], start=1):
+        for what, mine, theirs in (
+            ("mesh", analysis.mesh, first.mesh),
+            ("platform", analysis.platform.name, first.platform.name),
+            ("backend", analysis.backend, first.backend),
+            ("traced step (model fingerprint)", model_fingerprint(analysis.graph), step),
+        ):
+            if mine != theirs:
+                raise InputError(
+                    f"fastest_plan: analyses[{position}] is of another {what} than "
+                    f"analyses[0]: expected {theirs}, found {mine}; compare spaces of one step "
+                    "on one mesh and platform"
+                )
