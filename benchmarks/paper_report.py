@@ -333,9 +333,10 @@ def _best_lines(frame: pd.DataFrame, done: int, losses: list[dict[str, Any]]) ->
         "",
         "## CFP over every space it searched",
         "",
-        "Per case, the plan CFP predicts fastest among its spaces' plans: the paper's space and "
-        "each wider one profiled for the case (below; on a 1-D mesh, and for the batch on the "
-        "outer axis where the batch splits over every device, a wider space is the paper's). "
+        "Per case, the plan CFP predicts fastest among its spaces' plans: the paper's space "
+        "and each wider one profiled for the case (the sections above; on a 1-D mesh, and for "
+        "the batch on the outer axis where the batch splits over every device, a wider space "
+        "is the paper's). "
         "Each space's plan is the fastest it predicts within the device memory; the fastest "
         "predicted of them is chosen, by prediction alone, as a user comparing the spaces "
         "would choose (`space` names it). Each space's prediction is of its own cut of the "
@@ -513,9 +514,11 @@ def _best_goal_lines(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def _wider_readme_lines(frame: pd.DataFrame, row: str, gpu_row: str, title: str) -> list[str]:
+def _wider_readme_lines(
+    frame: pd.DataFrame, row: str, gpu_row: str, title: str, about: str
+) -> list[str]:
     """The goals once more for the CFP plan of `row` (one of CFP's wider spaces, or the best
-    over every space), where some case has it."""
+    over every space), where some case has it: under `title`, `about` in parentheses."""
     lines = []
     for view, judged in (
         (as_cfp(frame, row), "XLA:CPU's memory"),
@@ -525,8 +528,8 @@ def _wider_readme_lines(frame: pd.DataFrame, row: str, gpu_row: str, title: str)
             continue
         lines += [
             "",
-            f"{title}; {view['case'].nunique()} of {frame['case'].nunique()} cases so far), "
-            f"judged on {judged}:",
+            f"{title} ({about}; {view['case'].nunique()} of {frame['case'].nunique()} cases so "
+            f"far), judged on {judged}:",
             "",
             *(f"- {line}" for line in goals(view)),
         ]
@@ -560,9 +563,7 @@ def _update_readme(
             line
             for space in WIDER_SPACES
             for line in (
-                _wider_readme_lines(
-                    frame, space.row, space.gpu_row, f"{space.title} (`{space.flag}`"
-                )
+                _wider_readme_lines(frame, space.row, space.gpu_row, space.title, f"`{space.flag}`")
                 if not frame.empty
                 else []
             )
@@ -572,8 +573,8 @@ def _update_readme(
                 frame,
                 BEST_ROW,
                 BEST_GPU_ROW,
-                "The plan CFP predicts fastest over every space it searched (the paper's and "
-                "the wider ones above",
+                "The plan CFP predicts fastest over every space it searched",
+                "the paper's and the wider ones above",
             )
             if not frame.empty
             else []

@@ -18,7 +18,7 @@ from typing import Any
 
 from explorer import models
 from explorer.cluster.join import add_cluster_arguments
-from explorer.errors import ExplorerError, InputError, ProfilingCancelled
+from explorer.errors import ExplorerError, InputError, NoPlanFitsError, ProfilingCancelled
 from explorer.units import format_bytes, parse_bytes
 
 # The exit status of a run stopped by Ctrl-C, as shells report a process ended by SIGINT.
@@ -63,6 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="judge memory on the platform's GPU: compile each plan's step with XLA:GPU (no "
         "GPU needed) and choose the fastest plan that fits there",
+    )
+    plan.add_argument(
+        "--each-space",
+        action="store_true",
+        help="analyse the paper's space and each wider space asked for (--free-axes, "
+        "--whole-mesh, --shard-parameters, --batch-outer) one at a time, print each one's "
+        "plan and choose the one predicted fastest (a wider space cuts the step its own way, "
+        "so its plan can be slower than the paper's)",
     )
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
     profile = sub.add_parser(
@@ -198,6 +206,46 @@ def _add_space_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-outer", action="store_true", help=BATCH_OUTER_HELP)
 
 
+_WIDER_SWITCHES = ("free_axes", "whole_mesh", "shard_parameters", "batch_outer")
+
+
+def _spaces_asked(args: argparse.Namespace) -> dict[str, dict[str, bool]]:
+    """The spaces `plan` analyses, by name, as `analyze`'s switches: one space with every
+    switch given, or with `--each-space` the paper's and each wider one given, alone.
+    Refused before any work where `--each-space` has nothing to compare."""
+    given = {name: bool(getattr(args, name)) for name in _WIDER_SWITCHES}
+    if not args.each_space:
+        return {"asked": given}
+    wider = [name for name, on in given.items() if on]
+    if not wider:
+        raise InputError(
+            "--each-space: expected at least one wider space to compare with the paper's "
+            "(--free-axes, --whole-mesh, --shard-parameters or --batch-outer), found none"
+        )
+    for flag, given_too in (("--gpu-memory", args.gpu_memory), ("--no-profile", args.no_profile)):
+        if given_too:
+            raise InputError(
+                f"--each-space chooses by each space's predicted plan: expected it without "
+                f"{flag}, found both (run each space alone with {flag})"
+            )
+    off = dict.fromkeys(_WIDER_SWITCHES, False)
+    return {"paper": off, **{name.replace("_", "-"): {**off, name: True} for name in wider}}
+
+
+def _fastest_over_spaces(analyses: list[Any], names: list[str], budget: float | None) -> Any:
+    """Each space's plan within `budget`, printed, and the one predicted fastest
+    (`explorer.fastest_plan`)."""
+    from explorer.across_spaces import fastest_plan
+
+    for name, analysis in zip(names, analyses, strict=True):
+        try:
+            plan = analysis.plan(memory_budget=budget)
+            print(f"space {name}: {plan.summary()}")
+        except NoPlanFitsError as err:
+            print(f"space {name}: {err}")
+    return fastest_plan(analyses, memory_budget=budget)
+
+
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=sorted(models.MODELS), default="gpt")
     parser.add_argument("--preset", default="tiny", help="tiny, small or a paper-scale preset")
@@ -288,6 +336,7 @@ def _plan(args: argparse.Namespace) -> int:
     out = writable_path(args.out, "--out") if args.out is not None else None
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
+    spaces = _spaces_asked(args)
     if args.gpu_memory:  # a platform that is no known GPU, or no compiler for it, fails now
         from explorer._jax_compat.deviceless import plugin_versions
         from explorer.platforms.gpu_targets import gpu_target
@@ -302,22 +351,28 @@ def _plan(args: argparse.Namespace) -> int:
     step, example = model.step, model.args
     start = time.perf_counter()
     cancel = threading.Event()
+    analyses: list[Any] = []
     with _ctrl_c_cancels(cancel):
-        analysis = analyze(
-            step,
-            *example,
-            mesh=mesh,
-            free_axes=args.free_axes,
-            whole_mesh=args.whole_mesh,
-            shard_parameters=args.shard_parameters,
-            batch_outer=args.batch_outer,
-            platform=platform,
-            backend=args.backend,
-            cache=None if args.no_cache else args.cache,
-            profile=not args.no_profile,
-            cancel=cancel,
-            memory_resolution=resolution,
-        )
+        for switches in spaces.values():
+            analyses.append(
+                analyze(
+                    step,
+                    *example,
+                    mesh=mesh,
+                    free_axes=switches["free_axes"],
+                    whole_mesh=switches["whole_mesh"],
+                    shard_parameters=switches["shard_parameters"],
+                    batch_outer=switches["batch_outer"],
+                    platform=platform,
+                    backend=args.backend,
+                    cache=None if args.no_cache else args.cache,
+                    profile=not args.no_profile,
+                    cancel=cancel,
+                    memory_resolution=resolution,
+                    traced=analyses[0].graph if analyses else None,  # traced once
+                )
+            )
+    analysis = analyses[0]  # the only one, or the paper's: baselines are priced on it
     print(f"{args.model} {args.preset}: {model.config}")
     print(analysis.summary())
     if not isinstance(analysis, Analysis):
@@ -337,6 +392,8 @@ def _plan(args: argparse.Namespace) -> int:
             f"chosen on the GPU: {fit.memory.peak / 2**30:.3f} GiB on {fit.memory.gpu} "
             f"(XLA:GPU; {len(fit.compiled)} frontier plans compiled for it to find this one)"
         )
+    elif len(analyses) > 1:
+        chosen = _fastest_over_spaces(analyses, list(spaces), budget)
     else:
         chosen = analysis.plan(memory_budget=budget)
 

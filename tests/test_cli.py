@@ -75,6 +75,9 @@ ZOO = ["plan", "--model", "gpt", "--preset", "tiny", "--mesh", "4"]
         (["--mesh", "0"], "mesh"),
         (["--mesh", "2x"], "mesh"),
         (["--platform", "a100-pcie-9"], "platform"),
+        (["--each-space"], "--each-space"),  # nothing to compare with the paper's space
+        (["--each-space", "--whole-mesh", "--no-profile"], "--each-space"),
+        (["--each-space", "--batch-outer", "--gpu-memory"], "--each-space"),
     ],
 )
 def test_plan_refuses_bad_input_before_profiling(
@@ -117,6 +120,24 @@ def test_plan_with_a_budget_in_units_writes_a_plan_within_it(tmp_path: Path) -> 
     assert main(argv) == 0
     plan = load_plan(out)
     assert plan.predicted.budget == 3 * 2**29 and plan.memory <= 3 * 2**29
+
+
+def test_plan_over_each_space_prints_each_plan_and_keeps_the_fastest_predicted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--each-space` analyses the paper's space and each wider one asked for alone, prints
+    each one's plan and writes the one predicted fastest. On a 1-D mesh the whole-mesh space
+    is the paper's: the two plans tie, and the paper's (the first) is kept."""
+    out = tmp_path / "plan.json"
+    argv = [*ZOO, "--cache", str(SHARED_CACHE), "--each-space", "--whole-mesh", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    chosen = load_plan(out)
+    # each space's plan on a line of its own; the paper's is the one written
+    assert f"space paper: {chosen.summary()}" in printed, printed
+    assert re.search(r"^space whole-mesh: cfp plan on mesh .* ms/step", printed, re.MULTILINE)
+    assert f"chosen: {chosen.summary()}" in printed
+    assert chosen.space is None  # the paper's plan, not the whole-mesh space's twin
 
 
 def _rows(cache: Path) -> int:
