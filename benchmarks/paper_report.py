@@ -235,14 +235,14 @@ def best_of_spaces(frame: pd.DataFrame) -> pd.DataFrame:
             rows = [
                 (name, by_plan[name + suffix]) for name in _SPACE_ROWS if name + suffix in by_plan
             ]
+            if not rows:
+                continue
             planned = [
                 (name, row)
                 for name, row in rows
                 if math.isfinite(row.get("predicted_s", math.nan))
                 and (not suffix or row.get("fits_gpu") is True)
             ]
-            if not rows:
-                continue
             # min keeps the first of equals: the paper's space before the wider ones
             name, row = (
                 min(planned, key=lambda item: item[1]["predicted_s"]) if planned else rows[0]
@@ -296,43 +296,29 @@ def _wider_space_lines(
 ) -> list[str]:
     """The report's section on one of CFP's wider spaces, where some case has it."""
     wider = as_cfp(frame, space.row) if "plan" in frame else frame.iloc[0:0]
-    lines = [
-        "",
-        f"## {space.title}",
-        "",
+    about = (
         f"The same cases with CFP searching a larger space (`analyze(..., {space.switch}=True)`, "
         f"`{space.flag}`): {space.about}. The CFP plan here is that space's; the baselines are "
         f"the same rows as above. {wider['case'].nunique() if not wider.empty else 0} of "
-        f"{done} cases have it.",
-        "",
-    ]
-    if wider.empty:
-        return lines
-    lines += [*(f"- {line}" for line in goals(wider)), ""]
-    lines += [markdown(headline(wider)), markdown(case_table(wider))]
-    lines += _approximate_lines(wider)
-    lines += ["Where a baseline beats this space's CFP plan:", ""]
-    lines += [*_loss_lines(losses, frame, space.row), ""]
-    on_gpu = judged_on_gpu(frame, space.gpu_row)
-    if not on_gpu.empty:
-        lines += [
-            f"Judged on XLA:GPU's memory ({on_gpu['case'].nunique()} cases; the CFP plan the "
-            "fastest of that space's frontier whose XLA:GPU memory fits):",
-            "",
-            *(f"- {line}" for line in goals(on_gpu)),
-            "",
-            markdown(case_table(on_gpu)),
-        ]
-    return lines
+        f"{done} cases have it."
+    )
+    return _space_section(
+        frame,
+        wider,
+        losses,
+        rows=(space.row, space.gpu_row),
+        title=space.title,
+        about=about,
+        loss_heading="Where a baseline beats this space's CFP plan:",
+        gpu_choice="the CFP plan the fastest of that space's frontier whose XLA:GPU memory fits",
+        approximate=True,
+    )
 
 
 def _best_lines(frame: pd.DataFrame, done: int, losses: list[dict[str, Any]]) -> list[str]:
     """The report's section on the plan CFP predicts fastest over every space it searched."""
     best = as_cfp(frame, BEST_ROW) if "plan" in frame else frame.iloc[0:0]
-    lines = [
-        "",
-        "## CFP over every space it searched",
-        "",
+    about = (
         "Per case, the plan CFP predicts fastest among its spaces' plans: the paper's space "
         "and each wider one profiled for the case (the sections above; on a 1-D mesh, and for "
         "the batch on the outer axis where the batch splits over every device, a wider space "
@@ -342,21 +328,49 @@ def _best_lines(frame: pd.DataFrame, done: int, losses: list[dict[str, Any]]) ->
         "would choose (`space` names it). Each space's prediction is of its own cut of the "
         "step, so choosing between them is only as good as those predictions; the error "
         f"column says how good. {best['case'].nunique() if not best.empty else 0} of {done} "
-        "cases.",
-        "",
-    ]
-    if best.empty:
+        "cases."
+    )
+    return _space_section(
+        frame,
+        best,
+        losses,
+        rows=(BEST_ROW, BEST_GPU_ROW),
+        title="CFP over every space it searched",
+        about=about,
+        loss_heading="Where a baseline beats this plan:",
+        gpu_choice="each space's plan the fastest of its frontier whose XLA:GPU memory fits, "
+        "then the fastest predicted of those",
+        approximate=False,
+    )
+
+
+def _space_section(
+    frame: pd.DataFrame,
+    view: pd.DataFrame,
+    losses: list[dict[str, Any]],
+    *,
+    rows: tuple[str, str],
+    title: str,
+    about: str,
+    loss_heading: str,
+    gpu_choice: str,
+    approximate: bool,
+) -> list[str]:
+    """A section judging the CFP plan of `rows` (on XLA:CPU's memory, on XLA:GPU's), `view`
+    the frame as `as_cfp` reads it: its goals, tables, losses, and the same on the GPU."""
+    row, gpu_row = rows
+    lines = ["", f"## {title}", "", about, ""]
+    if view.empty:
         return lines
-    lines += [*(f"- {line}" for line in goals(best)), ""]
-    lines += [markdown(headline(best)), markdown(case_table(best))]
-    lines += ["Where a baseline beats this plan:", ""]
-    lines += [*_loss_lines(losses, frame, BEST_ROW), ""]
-    on_gpu = judged_on_gpu(frame, BEST_GPU_ROW)
+    lines += [*(f"- {line}" for line in goals(view)), ""]
+    lines += [markdown(headline(view)), markdown(case_table(view))]
+    lines += _approximate_lines(view) if approximate else []
+    lines += [loss_heading, ""]
+    lines += [*_loss_lines(losses, frame, row), ""]
+    on_gpu = judged_on_gpu(frame, gpu_row)
     if not on_gpu.empty:
         lines += [
-            f"Judged on XLA:GPU's memory ({on_gpu['case'].nunique()} cases; each space's plan "
-            "the fastest of its frontier whose XLA:GPU memory fits, then the fastest predicted "
-            "of those):",
+            f"Judged on XLA:GPU's memory ({on_gpu['case'].nunique()} cases; {gpu_choice}):",
             "",
             *(f"- {line}" for line in goals(on_gpu)),
             "",

@@ -25,15 +25,29 @@ def fastest_plan(analyses: Sequence[Analysis], memory_budget: BytesLike | None =
     `Analysis.plan`) over `analyses`: analyses of one step on one mesh and platform, each of
     its own space. Equal predictions keep the earlier analysis's plan. Where no space has a
     plan within the budget, `NoPlanFitsError` names the leanest over every space."""
-    _check_same_step(analyses)
     budget = None if memory_budget is None else parse_bytes(memory_budget, "memory_budget")
-    plans = []
+    return fastest_of(analyses, plans_by_space(analyses, budget), budget)
+
+
+def plans_by_space(analyses: Sequence[Analysis], budget: float | None) -> list[Plan | None]:
+    """Each analysis's fastest plan within `budget` bytes per device, None where it has none;
+    the analyses checked to be of one step on one mesh and platform before any is solved."""
+    _check_same_step(analyses)
+    plans: list[Plan | None] = []
     for analysis in analyses:
         try:
             plans.append(analysis.plan(memory_budget=budget))
         except NoPlanFitsError:
-            continue
-    if not plans:
+            plans.append(None)
+    return plans
+
+
+def fastest_of(
+    analyses: Sequence[Analysis], plans: Sequence[Plan | None], budget: float | None
+) -> Plan:
+    """The fastest predicted of `plans_by_space(analyses, budget)`, the earlier on a tie."""
+    found = [plan for plan in plans if plan is not None]
+    if not found:
         assert budget is not None  # without a budget every space has its fastest plan
         least = min(a.frontier.min_memory for a in analyses)
         raise NoPlanFitsError(
@@ -43,7 +57,7 @@ def fastest_plan(analyses: Sequence[Analysis], memory_budget: BytesLike | None =
             "add a mesh axis."
         )
     # min keeps the first of equals: the order the caller gave the spaces in
-    return min(plans, key=lambda plan: plan.predicted.time)
+    return min(found, key=lambda plan: plan.predicted.time)
 
 
 def _check_same_step(analyses: Sequence[Analysis]) -> None:
@@ -63,11 +77,13 @@ def _check_same_step(analyses: Sequence[Analysis]) -> None:
     first = analyses[0]
     step = model_fingerprint(first.graph)
     for position, analysis in enumerate(analyses[1:], start=1):
+        # spaces analysed from one trace (`analyze(traced=...)`) share the graph: no hashing
+        mine_step = step if analysis.graph is first.graph else model_fingerprint(analysis.graph)
         for what, mine, theirs in (
             ("mesh", analysis.mesh, first.mesh),
             ("platform", analysis.platform.name, first.platform.name),
             ("backend", analysis.backend, first.backend),
-            ("traced step (model fingerprint)", model_fingerprint(analysis.graph), step),
+            ("traced step (model fingerprint)", mine_step, step),
         ):
             if mine != theirs:
                 raise InputError(

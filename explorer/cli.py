@@ -18,7 +18,7 @@ from typing import Any
 
 from explorer import models
 from explorer.cluster.join import add_cluster_arguments
-from explorer.errors import ExplorerError, InputError, NoPlanFitsError, ProfilingCancelled
+from explorer.errors import ExplorerError, InputError, ProfilingCancelled
 from explorer.units import format_bytes, parse_bytes
 
 # The exit status of a run stopped by Ctrl-C, as shells report a process ended by SIGINT.
@@ -234,16 +234,19 @@ def _spaces_asked(args: argparse.Namespace) -> dict[str, dict[str, bool]]:
 
 def _fastest_over_spaces(analyses: list[Any], names: list[str], budget: float | None) -> Any:
     """Each space's plan within `budget`, printed, and the one predicted fastest
-    (`explorer.fastest_plan`)."""
-    from explorer.across_spaces import fastest_plan
+    (`explorer.fastest_plan`, from the same plans)."""
+    from explorer.across_spaces import fastest_of, plans_by_space
 
-    for name, analysis in zip(names, analyses, strict=True):
-        try:
-            plan = analysis.plan(memory_budget=budget)
-            print(f"space {name}: {plan.summary()}")
-        except NoPlanFitsError as err:
-            print(f"space {name}: {err}")
-    return fastest_plan(analyses, memory_budget=budget)
+    plans = plans_by_space(analyses, budget)
+    for name, analysis, plan in zip(names, analyses, plans, strict=True):
+        least = analysis.frontier.min_memory
+        print(
+            f"space {name}: {plan.summary()}"
+            if plan is not None
+            else f"space {name}: no plan within the budget (its smallest needs "
+            f"{least / 2**30:.3f} GiB)"
+        )
+    return fastest_of(analyses, plans, budget)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
