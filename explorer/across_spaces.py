@@ -6,17 +6,21 @@ priced, and applied, with its own space's cut. So a wider space's plans are not 
 the paper's as they run: a whole-mesh plan that keeps every paper strategy may run slower than
 the paper's own plan, and the wider space's fastest plan may be slower than the paper's.
 Searching several spaces and keeping the plan predicted fastest is what a user comparing them
-would do; `fastest_plan` does it, by prediction alone.
+would do; `fastest_plan` does it, by prediction alone, and `fastest_fit_on_gpu` does it among
+the plans that fit the platform's GPU by XLA:GPU's memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from explorer.analysis import Analysis
 from explorer.errors import InputError, NoPlanFitsError
+from explorer.evaluation_store import EvaluationStore
 from explorer.plan_build import model_fingerprint
 from explorer.plan_types import Plan
+from explorer.target_memory import GpuFit, fastest_plan_on_gpu
 from explorer.units import BytesLike, parse_bytes
 
 
@@ -58,6 +62,52 @@ def fastest_of(
         )
     # min keeps the first of equals: the order the caller gave the spaces in
     return min(found, key=lambda plan: plan.predicted.time)
+
+
+def fastest_fit_on_gpu(
+    analyses: Sequence[Analysis],
+    step: Callable[..., Any],
+    *args: Any,
+    memory_budget: BytesLike | None = None,
+    store: EvaluationStore | None = None,
+) -> GpuFit:
+    """`fastest_plan` judged on the platform's GPU: each space's fastest plan that fits
+    `memory_budget` (default: the device's memory) by XLA:GPU's memory (`fastest_plan_on_gpu`),
+    and of those the one predicted fastest, the earlier space's on a tie. Where no space has
+    one, `NoPlanFitsError` says what each space's leanest plan needs there."""
+    return fastest_fit_of(
+        fits_on_gpu_by_space(analyses, step, *args, memory_budget=memory_budget, store=store)
+    )
+
+
+def fits_on_gpu_by_space(
+    analyses: Sequence[Analysis],
+    step: Callable[..., Any],
+    *args: Any,
+    memory_budget: BytesLike | None = None,
+    store: EvaluationStore | None = None,
+) -> list[GpuFit | NoPlanFitsError]:
+    """Each analysis's `fastest_plan_on_gpu`, or the error saying why it has none; the
+    analyses checked to be of one step on one mesh and platform before anything is compiled."""
+    _check_same_step(analyses)
+    fits: list[GpuFit | NoPlanFitsError] = []
+    for analysis in analyses:
+        try:
+            fits.append(
+                fastest_plan_on_gpu(analysis, step, *args, memory_budget=memory_budget, store=store)
+            )
+        except NoPlanFitsError as none_fits:
+            fits.append(none_fits)
+    return fits
+
+
+def fastest_fit_of(fits: Sequence[GpuFit | NoPlanFitsError]) -> GpuFit:
+    """The fit of `fits_on_gpu_by_space` whose plan is predicted fastest, the earlier on a tie."""
+    found = [fit for fit in fits if isinstance(fit, GpuFit)]
+    if not found:
+        why = "; ".join(f"space {n}: {err}" for n, err in enumerate(fits, start=1))
+        raise NoPlanFitsError(f"no plan of the {len(fits)} spaces fits the GPU. {why}")
+    return min(found, key=lambda fit: fit.plan.predicted.time)
 
 
 def _check_same_step(analyses: Sequence[Analysis]) -> None:

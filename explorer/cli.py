@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="analyse the paper's space and each wider space asked for (--free-axes, "
         "--whole-mesh, --shard-parameters, --batch-outer) one at a time, print each one's "
         "plan and choose the one predicted fastest (a wider space cuts the step its own way, "
-        "so its plan can be slower than the paper's)",
+        "so its plan can be slower than the paper's); with --gpu-memory, each space's "
+        "fastest plan that fits the GPU",
     )
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
     profile = sub.add_parser(
@@ -222,12 +223,12 @@ def _spaces_asked(args: argparse.Namespace) -> dict[str, dict[str, bool]]:
             "--each-space: expected at least one wider space to compare with the paper's "
             "(--free-axes, --whole-mesh, --shard-parameters or --batch-outer), found none"
         )
-    for flag, given_too in (("--gpu-memory", args.gpu_memory), ("--no-profile", args.no_profile)):
-        if given_too:
-            raise InputError(
-                f"--each-space chooses by each space's predicted plan: expected it without "
-                f"{flag}, found both (run each space alone with {flag})"
-            )
+    if args.no_profile:
+        raise InputError(
+            "--each-space chooses by each space's predicted plan, which needs profiles: "
+            "expected it without --no-profile, found both (run each space alone with "
+            "--no-profile)"
+        )
     off = dict.fromkeys(_WIDER_SWITCHES, False)
     return {"paper": off, **{name.replace("_", "-"): {**off, name: True} for name in wider}}
 
@@ -247,6 +248,25 @@ def _fastest_over_spaces(analyses: list[Any], names: list[str], budget: float | 
             f"{least / 2**30:.3f} GiB)"
         )
     return fastest_of(analyses, plans, budget)
+
+
+def _fastest_on_gpu_over_spaces(
+    analyses: list[Any], names: list[str], step: Any, example: Any, budget: float | None
+) -> Any:
+    """Each space's fastest plan that fits the GPU, printed, and the one predicted fastest
+    (`explorer.across_spaces.fastest_fit_on_gpu`, from the same compiles)."""
+    from explorer.across_spaces import fastest_fit_of, fits_on_gpu_by_space
+    from explorer.target_memory import GpuFit
+
+    fits = fits_on_gpu_by_space(analyses, step, *example, memory_budget=budget)
+    for name, fit in zip(names, fits, strict=True):
+        print(
+            f"space {name}: {fit.plan.summary()}; {fit.memory.peak / 2**30:.3f} GiB on "
+            f"{fit.memory.gpu} (XLA:GPU)"
+            if isinstance(fit, GpuFit)
+            else f"space {name}: {fit}"
+        )
+    return fastest_fit_of(fits)
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -389,7 +409,11 @@ def _plan(args: argparse.Namespace) -> int:
 
     fit = None
     if args.gpu_memory:
-        fit = fastest_plan_on_gpu(analysis, step, *example, memory_budget=budget)
+        fit = (
+            _fastest_on_gpu_over_spaces(analyses, list(spaces), step, example, budget)
+            if len(analyses) > 1
+            else fastest_plan_on_gpu(analysis, step, *example, memory_budget=budget)
+        )
         chosen = fit.plan
         print(
             f"chosen on the GPU: {fit.memory.peak / 2**30:.3f} GiB on {fit.memory.gpu} "

@@ -5,11 +5,15 @@ one step on one mesh."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 import explorer as ex
+from explorer.across_spaces import fastest_fit_on_gpu
 from explorer.errors import InputError, NoPlanFitsError
+from explorer.evaluation_store import EvaluationStore
+from explorer.target_memory import target_memory
 from tests.helpers import SHARED_CACHE
 
 
@@ -79,3 +83,23 @@ def test_analyses_of_another_mesh_or_no_analysis_are_refused_before_solving(
     )  # fmt: skip
     with pytest.raises(InputError, match=r"analyses\[1\] is of another mesh than analyses\[0\]"):
         ex.fastest_plan([data, other])
+
+
+def test_judged_on_the_gpu_each_spaces_fit_competes_by_prediction(
+    two_spaces: tuple[ex.Analysis, ex.Analysis], tmp_path: Path
+) -> None:
+    """`fastest_fit_on_gpu`: each space's fastest plan that fits XLA:GPU's memory, and of those
+    the one predicted fastest; with no fit anywhere, an error that speaks for every space."""
+    data, tensor = two_spaces
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny())
+    with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
+        for order in ([data, tensor], [tensor, data]):
+            fit = fastest_fit_on_gpu(order, step, *args, store=store)
+            assert fit.plan.strategies == data.plan().strategies  # both fit 40 GiB
+            assert fit.memory.peak <= fit.budget  # the device's memory, given no budget
+            assert fit.memory == target_memory(fit.plan, "a100-pcie-8", step, *args, store=store)
+        every_space = r"2 spaces fits the GPU\. space 1: no plan fits .* space 2: no plan fits"
+        with pytest.raises(NoPlanFitsError, match=every_space):
+            fastest_fit_on_gpu([data, tensor], step, *args, memory_budget=1, store=store)
+    with pytest.raises(InputError, match="expected a non-empty sequence of Analysis"):
+        fastest_fit_on_gpu([], step, *args)
