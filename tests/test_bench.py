@@ -33,6 +33,7 @@ from benchmarks.paper_report import (
     as_cfp,
     best_of_spaces,
     case_table,
+    cold_cost,
     goals,
     judged_on_gpu,
     unfitted,
@@ -131,6 +132,32 @@ def test_a_case_where_only_a_baseline_fits_the_device_counts_as_a_loss() -> None
     )
     neither = pd.DataFrame([*won, row("oom", "cfp", math.nan, False), row("oom", "dp", 2.0, False)])
     assert unfitted(neither) == [] and "1 of 1 cases (goal" in goals(neither)[0]
+
+
+def test_the_cold_goal_adds_each_cases_profiling_and_names_the_batches_that_do_not_split() -> None:
+    columns = ["case", "plan", "batch", "mesh", "programs", "profiling_s"]
+    frame = pd.DataFrame([
+        ("a", "cfp", 8, "8", 90, 900.0),
+        ("a", "cfp_whole", 8, "8", 400, 5000.0),  # a wider space: not the grid's cost
+        ("b", "cfp", 4, "2x4", 954, 9000.0),  # 4 does not split 8 ways
+        ("c", "cfp", 32, "16", 92, 900.0),
+        ("c", "dp", 32, "16", math.nan, math.nan),
+    ], columns=columns)  # fmt: skip
+    first, second = cold_cost(frame, grid_cases=70, cores=2)
+    assert first == (
+        "The grid cold in under 90 minutes on this machine: not met. Profiling the paper "
+        "space's programs of the 3 cases here (1136 programs) took 10800 CPU-seconds: 1.5 hours "
+        "at one program per core on 2 cores, before the whole steps are compiled (goal: the "
+        "grid's 70 cases)."
+    )
+    assert second == (
+        "The one case whose batch does not split over every device holds 954 of those programs "
+        "and 83% of those seconds (954 to 954 programs a case; the other cases' median: 91)."
+    )
+    done = cold_cost(frame[frame["case"] != "b"], grid_cases=2, cores=2)
+    assert done == [done[0]] and done[0].startswith("The grid cold in under 90 minutes on this "
+                                                    "machine: met. ")  # fmt: skip
+    assert cold_cost(frame[frame["plan"] == "dp"], grid_cases=2, cores=2) == []
 
 
 @pytest.mark.slow
