@@ -538,7 +538,8 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
     report = run.out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     if readme is not None:
-        _update_readme(readme, frame, command, minutes, finished)
+        grid_cases = None if run.quick else len(grid)
+        _update_readme(readme, frame, command, minutes, finished, grid_cases=grid_cases)
     return report
 
 
@@ -609,7 +610,13 @@ def _skipped(run: PaperRun, case: PaperCase) -> bool:
 
 
 def _update_readme(
-    readme: Path, frame: pd.DataFrame, command: str, minutes: float, done: bool
+    readme: Path,
+    frame: pd.DataFrame,
+    command: str,
+    minutes: float,
+    done: bool,
+    *,
+    grid_cases: int | None,
 ) -> None:
     status = f"{minutes:.0f} min" + ("" if done else ", stopped before the end")
     lines = [
@@ -621,6 +628,7 @@ def _update_readme(
         "",
         markdown(headline(frame)) if not frame.empty else "_(no case done yet)_\n",
         *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
+        *(_cold_goal_lines(frame, grid_cases) if grid_cases is not None else []),
         *_gpu_lines(frame),
         *(
             line
