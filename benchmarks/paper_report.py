@@ -26,6 +26,7 @@ from benchmarks.paper_grid import (
     paper_cases,
 )
 from benchmarks.quality import geomean
+from explorer.mesh import mesh_spec
 
 
 def _plans_by_case(frame: pd.DataFrame) -> Iterator[tuple[str, dict[str, dict[Any, Any]]]]:
@@ -195,7 +196,7 @@ def cold_cost(frame: pd.DataFrame, grid_cases: int, cores: int) -> list[str]:
     seconds, programs = float(cases["profiling_s"].sum()), int(cases["programs"].sum())
     hours = seconds / cores / 3600
     whole = len(cases) >= grid_cases and hours * 60 <= COLD_GOAL_MINUTES
-    devices = cases["mesh"].astype(str).map(lambda m: math.prod(map(int, m.split("x"))))
+    devices = cases["mesh"].astype(str).map(lambda mesh: mesh_spec(mesh).size)
     unsplit = cases[cases["batch"] % devices != 0]
     lines = [
         f"The grid cold in under {COLD_GOAL_MINUTES} minutes on this machine: "
@@ -205,8 +206,8 @@ def cold_cost(frame: pd.DataFrame, grid_cases: int, cores: int) -> list[str]:
         f"core on {cores} cores, before the whole steps are compiled"
         + (f" (goal: the grid's {grid_cases} cases)." if len(cases) < grid_cases else ".")
     ]
-    others = cases.drop(unsplit.index)["programs"]
     if not unsplit.empty:
+        others = cases.drop(unsplit.index)["programs"]
         median = f"; the other cases' median: {others.median():.0f}" if len(others) else ""
         lines.append(
             f"{_cases(len(unsplit))} whose batch does not split over every device "

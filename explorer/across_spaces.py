@@ -12,7 +12,9 @@ the plans that fit the platform's GPU by XLA:GPU's memory.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from explorer.analysis import Analysis
@@ -88,8 +90,18 @@ def fits_on_gpu_by_space(
     store: EvaluationStore | None = None,
 ) -> list[GpuFit | NoPlanFitsError]:
     """Each analysis's `fastest_plan_on_gpu`, or the error saying why it has none; the
-    analyses checked to be of one step on one mesh and platform before anything is compiled."""
+    analyses checked to be of one step on one mesh and platform before anything is compiled.
+    Spaces often share plans (a 1-D mesh's whole-mesh space is the paper's): without a
+    `store`, a scratch one for the call compiles each program once."""
     _check_same_step(analyses)
+    if store is None:
+        with (
+            tempfile.TemporaryDirectory() as folder,
+            EvaluationStore(Path(folder) / "gpu-memory.sqlite") as scratch,
+        ):
+            return fits_on_gpu_by_space(
+                analyses, step, *args, memory_budget=memory_budget, store=scratch
+            )
     fits: list[GpuFit | NoPlanFitsError] = []
     for analysis in analyses:
         try:
