@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -385,10 +386,35 @@ def test_two_processes_write_at_once(tmp_path: Path) -> None:
             p.kill()
             p.wait(timeout=SUBPROCESS_TIMEOUT_S)
     assert [p.returncode for p in procs] == [0, 0], errors
+    assert not any("CacheWarning" in e for e in errors), errors  # neither fell back to memory
     with ProfileCache(path) as cache:
         assert len(cache) == 2 * n
         assert cache.get(key(10_000 + n - 1)) == record(10_000 + n - 1)
     assert corrupt_files(path) == []
+
+
+def test_opening_waits_for_another_writer_instead_of_giving_up_on_the_file(
+    tmp_path: Path,
+) -> None:
+    """Switching a fresh file to WAL needs the write lock. SQLite refuses at once, without
+    its busy timeout, when another connection holds it (as when two processes open a new
+    cache together); the cache must wait for it, not lose the file to memory."""
+    path = tmp_path / "profiles.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")  # another process's write lock, on a file not in WAL
+    release = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", CacheWarning)
+            with ProfileCache(path) as cache:
+                assert cache.in_memory_since is None
+                cache.put(record(0))
+    finally:
+        release.join(timeout=SUBPROCESS_TIMEOUT_S)
+        holder.close()
+    with ProfileCache(path) as reopened:
+        assert reopened.get(key(0)) == record(0)
 
 
 def test_threads_share_one_cache(tmp_path: Path) -> None:

@@ -130,7 +130,7 @@ class ProfileCache:
             try:
                 # WAL: readers never block the writer; NORMAL sync is durable against process
                 # kills (only an OS crash can lose the last commits).
-                conn.execute("PRAGMA journal_mode = WAL")
+                self._use_wal(conn)
                 conn.execute("PRAGMA synchronous = NORMAL")
                 self._prepare(conn)
                 # a write, so a read-only file shows here, before profiling, not at a put
@@ -146,6 +146,28 @@ class ProfileCache:
                 found = str(exc) if isinstance(exc, _Unusable) else f"SQLite error: {exc}"
                 self._move_aside(path, inode, found, last=attempt == 2)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection) -> None:
+        """Put the file in WAL mode, which the file keeps once set.
+
+        Switching needs an exclusive lock, and SQLite answers a conflict with another
+        process's open (two opening a fresh file at once) with "database is locked" at
+        once, without waiting on the busy timeout. So wait here, up to the same timeout.
+        """
+        deadline = time.monotonic() + BUSY_TIMEOUT_S
+        pause_s = 0.005
+        while True:
+            try:
+                if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                    conn.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause_s)
+            pause_s = min(2 * pause_s, 0.1)
 
     def _memory(self) -> sqlite3.Connection:
         conn = self._connect(":memory:")
