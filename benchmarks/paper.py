@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cases import Case, build_step
 from benchmarks.paper_grid import (
     ALPA_TIME_LIMIT,
     APPROXIMATE_RESOLUTION,
@@ -65,16 +64,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         return
     capacity = platform.device.memory_bytes
     began = start = time.perf_counter()
-    step, args = build_step(
-        Case(
-            case.model,
-            case.preset,
-            case.mesh,
-            batch=case.batch,
-            layers=case.layers,
-            dtype=case.dtype,
-        )
-    )
+    step, args = case.build_step()
     analysis = analyze(
         step, *args, mesh=case.mesh, platform=platform, cache=run.cache, progress=False
     )
@@ -600,10 +590,24 @@ def run_paper(
         _run_here(run, grid, readme)
     else:
         _run_in_processes(run, grid, readme, jobs)
+    if cases is None and not quick:
+        _count_pending(run)
     report = write_report(run, finished=True, readme=readme)
     minutes = (time.perf_counter() - run.started) / 60
     log(f"paper grid: {len(run.done)} of {len(grid)} cases in {minutes:.1f} min")
     return report
+
+
+def _count_pending(run: PaperRun) -> None:
+    """What the grid's cases this run left out would cost: each one's programs, counted
+    without compiling (a few seconds a case), after the cases run have added theirs."""
+    from benchmarks.paper_pending import count_pending
+
+    left_out = [case for case in paper_cases(run.quick) if case not in run.cases]
+    if left_out:
+        run.log(f"counting the programs of the {len(left_out)} cases not run")
+    for case in left_out:
+        run.pending.append(count_pending(case, run.cache))
 
 
 @contextlib.contextmanager

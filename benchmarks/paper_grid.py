@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.cases import REPORT_DIR
+from benchmarks.cases import REPORT_DIR, Case, build_step
 
 if TYPE_CHECKING:  # explorer is imported where a case runs, once XLA's device flags are set
+    from benchmarks.paper_pending import PendingCase
     from explorer.alpa import IlpAnswerStore
     from explorer.evaluation_store import EvaluationStore
 
@@ -142,6 +143,14 @@ class PaperCase:
             f"mesh {'x'.join(map(str, self.mesh))}"
         )
 
+    def build_step(self) -> tuple[Any, tuple[Any, ...]]:
+        """The case's training step and its abstract arguments."""
+        case = Case(
+            self.model, self.preset, self.mesh, batch=self.batch, layers=self.layers,
+            dtype=self.dtype,
+        )  # fmt: skip
+        return build_step(case)
+
 
 def half_precision(platform: str) -> str | None:
     """The dtype the grid's bf16 presets run in on `platform`: their own where the device
@@ -230,6 +239,8 @@ class PaperRun:
     # space (profiles nothing), "off" leaves that space out
     wider: dict[str, str] = field(default_factory=dict)
     jobs: int = 1  # cases run at once, each in a process of its own (`paper_worker`)
+    # the grid's cases `--only` left out, each one's programs counted (`paper_pending`)
+    pending: list[PendingCase] = field(default_factory=list)
 
     def failed(self, where: str, err: BaseException) -> None:
         line = f"{where}: {type(err).__name__}: {err}".splitlines()[0][:300]

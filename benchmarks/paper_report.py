@@ -7,7 +7,7 @@ import math
 import os
 import platform as host
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from benchmarks.paper_grid import (
     WiderSpace,
     paper_cases,
 )
+from benchmarks.paper_pending import PendingCase, pending_table
 from benchmarks.quality import geomean
 from explorer.mesh import mesh_spec
 
@@ -185,11 +186,17 @@ def goals(frame: pd.DataFrame) -> list[str]:
 COLD_GOAL_MINUTES = 90  # the issue's: the whole grid, cold, on the 2-core machine
 
 
-def cold_cost(frame: pd.DataFrame, grid_cases: int, cores: int) -> list[str]:
+def cold_cost(
+    frame: pd.DataFrame,
+    grid_cases: int,
+    cores: int,
+    pending: Sequence[PendingCase] = (),
+) -> list[str]:
     """The goal of a cold grid in under 90 minutes, against what the cases run here cost to
     profile (their paper spaces' programs, each case's once; a program two cases share is
     counted in each, which the paper's batches and meshes make rare), one program per core at
-    a time. Whole-step compiles come on top; their seconds are not kept."""
+    a time, and what the `pending` cases (those left out) would add at the seconds per program
+    of the cases run. Whole-step compiles come on top; their seconds are not kept."""
     cases = frame[frame["plan"] == "cfp"].dropna(subset=["profiling_s"])
     if cases.empty:
         return []
@@ -217,7 +224,23 @@ def cold_cost(frame: pd.DataFrame, grid_cases: int, cores: int) -> list[str]:
             f"({unsplit['programs'].min():.0f} to {unsplit['programs'].max():.0f} programs a "
             f"case{median})."
         )
+    costs = pending_table(cases, [p for p in pending if not p.error])
+    if not costs.empty:
+        added = float(costs["CPU-h cold"].sum())
+        uncounted = sum(1 for p in pending if p.error)
+        lines.append(
+            f"The {len(costs)} cases not run have {int(costs['programs'].sum())} programs "
+            f"({int(costs['not kept'].sum())} not in the profile cache): about {added:.1f} "
+            "CPU-hours more cold, at the seconds per program of the cases run (section "
+            f'"Not run" prices each). The grid\'s paper spaces in all: about '
+            f"{hours + added / cores:.1f} hours at one program per core on {cores} cores"
+            + (f"; {_more(uncounted)} could not be counted." if uncounted else ".")
+        )
     return lines
+
+
+def _more(count: int) -> str:
+    return f"{count} more {'case' if count == 1 else 'cases'}"
 
 
 def _cases(count: int) -> str:
@@ -490,7 +513,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         "",
         *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
         *_best_goal_lines(frame),
-        *(_cold_goal_lines(frame, len(grid)) if not run.quick else []),
+        *(_cold_goal_lines(frame, len(grid), run.pending) if not run.quick else []),
         "",
         "## Per model",
         "",
@@ -532,6 +555,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
             f"- {len(unselected)} of the grid's {len(grid)} cases, not chosen by `--only`: "
             + "; ".join(unselected)
         )
+    lines += _pending_lines(frame, run.pending)
     if not run.skipped and not missing and not unselected:
         lines.append("Nothing: every case of the grid ran.")
     lines += ["", "## Failures", ""]
@@ -540,7 +564,9 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
     report.write_text("\n".join(lines) + "\n")
     if readme is not None:
         grid_cases = None if run.quick else len(grid)
-        _update_readme(readme, frame, command, minutes, finished, grid_cases=grid_cases)
+        _update_readme(
+            readme, frame, command, minutes, finished, grid_cases=grid_cases, pending=run.pending
+        )
     return report
 
 
@@ -559,9 +585,31 @@ def _gpu_lines(frame: pd.DataFrame) -> list[str]:
     ]
 
 
-def _cold_goal_lines(frame: pd.DataFrame, grid_cases: int) -> list[str]:
+def _pending_lines(frame: pd.DataFrame, pending: Sequence[PendingCase]) -> list[str]:
+    """What each case left out would cost to run, where the run counted them."""
+    if not pending:
+        return []
+    done = (
+        frame[frame["plan"] == "cfp"].dropna(subset=["profiling_s"]) if "plan" in frame else frame
+    )
+    return [
+        "",
+        "What each would cost: its paper space's programs (traced and counted, none compiled), "
+        "those the profile cache lacks, and their profiling in CPU-hours at the seconds per "
+        "program of the cases run that stand for it best (the same model on as many devices, "
+        "else the same model), cold and from the cache as it is. Their whole steps and wider "
+        "spaces come on top.",
+        "",
+        markdown(pending_table(done, pending)),
+    ]
+
+
+def _cold_goal_lines(
+    frame: pd.DataFrame, grid_cases: int, pending: Sequence[PendingCase] = ()
+) -> list[str]:
     """The cold run's goal, under the goals of plan quality."""
-    lines = cold_cost(frame, grid_cases, os.cpu_count() or 1) if "plan" in frame else []
+    cores = os.cpu_count() or 1
+    lines = cold_cost(frame, grid_cases, cores, pending) if "plan" in frame else []
     return ["", "Affordability:", "", *(f"- {line}" for line in lines)] if lines else []
 
 
@@ -618,6 +666,7 @@ def _update_readme(
     done: bool,
     *,
     grid_cases: int | None,
+    pending: Sequence[PendingCase] = (),
 ) -> None:
     status = f"{minutes:.0f} min" + ("" if done else ", stopped before the end")
     lines = [
@@ -629,7 +678,7 @@ def _update_readme(
         "",
         markdown(headline(frame)) if not frame.empty else "_(no case done yet)_\n",
         *(f"- {line}" for line in (goals(frame) if not frame.empty else [])),
-        *(_cold_goal_lines(frame, grid_cases) if grid_cases is not None else []),
+        *(_cold_goal_lines(frame, grid_cases, pending) if grid_cases is not None else []),
         *_gpu_lines(frame),
         *(
             line

@@ -3,6 +3,7 @@ and the report and README section are generated from them."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 from pathlib import Path
@@ -29,6 +30,7 @@ from benchmarks.paper_grid import (
 )
 from benchmarks.paper_grid import README_END as PAPER_END
 from benchmarks.paper_grid import README_START as PAPER_START
+from benchmarks.paper_pending import PendingCase, count_pending, pending_table
 from benchmarks.paper_report import (
     as_cfp,
     best_of_spaces,
@@ -158,6 +160,48 @@ def test_the_cold_goal_adds_each_cases_profiling_and_names_the_batches_that_do_n
     assert done == [done[0]] and done[0].startswith("The grid cold in under 90 minutes on this "
                                                     "machine: met. ")  # fmt: skip
     assert cold_cost(frame[frame["plan"] == "dp"], grid_cases=2, cores=2) == []
+
+
+def test_cases_left_out_are_priced_by_the_cases_run_that_stand_for_them() -> None:
+    columns = ["case", "plan", "model", "batch", "mesh", "programs", "profiling_s"]
+    frame = pd.DataFrame([
+        ("a8", "cfp", "m", 8, "8", 100, 1000.0),  # 10 s a program
+        ("a16", "cfp", "m", 32, "2x8", 400, 6000.0),  # 15 s a program
+        ("a16", "dp", "m", 32, "2x8", math.nan, math.nan),
+        ("b4", "cfp", "n", 8, "4", 50, 200.0),  # 4 s a program
+    ], columns=columns)  # fmt: skip
+    pending = [
+        PendingCase("m16", "m", devices=16, batch=8, programs=456, to_compile=120),
+        PendingCase("m4", "m", devices=4, batch=8, programs=90, to_compile=0),
+        PendingCase("o8", "o", devices=8, batch=16, programs=55, to_compile=55),
+        PendingCase("x", "m", devices=8, batch=8, programs=0, to_compile=0, error="E: why"),
+    ]
+    done = frame[frame["plan"] == "cfp"]
+    table = pending_table(done, pending).set_index("case")
+    # the same model on as many devices, else the same model, else every case run
+    assert table.loc["m16", "CPU-h cold"] == pytest.approx(456 * 15 / 3600)
+    assert table.loc["m16", "CPU-h now"] == pytest.approx(120 * 15 / 3600)
+    assert table.loc["m16", "s per program, from"] == "15.0 (m on 16 devices, 1 case)"
+    assert table.loc["m4", "CPU-h cold"] == pytest.approx(90 * 7000 / 500 / 3600)
+    assert table.loc["m4", "s per program, from"] == "14.0 (m, 2 cases)"
+    assert table.loc["o8", "CPU-h cold"] == pytest.approx(55 * 7200 / 550 / 3600)
+    assert table.loc["o8", "s per program, from"].endswith("(every case run, 3 cases)")
+    assert not table.loc["m16", "batch splits every device"]
+    assert table.loc["o8", "batch splits every device"]
+    assert table.loc["x", "note"] == "not counted: E: why"
+    assert math.isnan(table.loc["x", "CPU-h cold"])
+    *_, last = cold_cost(frame, grid_cases=7, cores=2, pending=pending)
+    added = (456 * 15 + 90 * 14 + 55 * 7200 / 550) / 3600
+    assert last == (
+        f"The 3 cases not run have 601 programs (175 not in the profile cache): about "
+        f"{added:.1f} CPU-hours more cold, at the seconds per program of the cases run (section "
+        f'"Not run" prices each). The grid\'s paper spaces in all: about '
+        f"{(7200 / 3600 + added) / 2:.1f} hours at one program per core on 2 cores; 1 more "
+        "case could not be counted."
+    )
+    assert pending_table(done.iloc[0:0], pending[:1]).loc[0, "s per program, from"] == (
+        "nan (no case run)"
+    )
 
 
 @pytest.mark.slow
@@ -373,6 +417,33 @@ def test_a_report_of_chosen_cases_says_which_cases_of_the_grid_it_left_out(
     left_out = report.split("not chosen by `--only`: ")[1].splitlines()[0].split("; ")
     assert left_out == [c.label for c in grid if c.label != only[0]]
     assert f"- {only[0]}: not reached before the run ended" in report
+    assert "What each would cost" not in report  # nothing counted, nothing priced
+    run.pending = [PendingCase(grid[1].label, grid[1].preset, 8, grid[1].batch, 90, 90)]
+    report = write_report(run, finished=True).read_text()
+    not_run = report.split("## Not run")[1].split("## Failures")[0]
+    assert "What each would cost" in not_run
+    assert f"| {grid[1].label} | True | 90 | 90 |" in not_run  # no case run: no price
+
+
+def test_a_case_left_out_is_counted_by_tracing_it_and_compiling_nothing(tmp_path: Path) -> None:
+    from explorer.pipeline import analyze
+    from explorer.profile.cache import ProfileCache
+    from explorer.profile.runner import distinct_programs
+
+    case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=8, paper_batch=True, layers=1)
+    step, args = build_step(Case("gpt", "tiny", (2, 2), batch=8, layers=1))
+    profiled = analyze(step, *args, mesh=(2, 2), platform="a100-pcie-8", cache=SHARED_CACHE)
+    programs = distinct_programs(profiled.profiles)
+    assert count_pending(case, SHARED_CACHE) == PendingCase(
+        case.label, "tiny", devices=4, batch=8, programs=programs, to_compile=0
+    )
+    empty = tmp_path / "empty.sqlite"
+    assert count_pending(case, empty).to_compile == programs > 0
+    with ProfileCache(empty) as cache:
+        assert len(cache) == 0  # counted, not compiled
+    nowhere = count_pending(dataclasses.replace(case, platform="no-such-platform"), empty)
+    assert (nowhere.programs, nowhere.to_compile) == (0, 0)
+    assert nowhere.error.startswith("PlatformError: platform: expected a preset name")
 
 
 def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:

@@ -369,6 +369,33 @@ def test_compiled_profiles_cover_every_layer_configuration_and_boundary() -> Non
     assert (no_move["t_comm"] == 0).all()
 
 
+def test_programs_to_compile_are_the_distinct_programs_the_cache_lacks(tmp_path: Path) -> None:
+    graph, analysis, segmentation = _tiny_gpt()
+    profiled = _typed_profiles()  # every program of the space, in the shared store
+
+    def to_compile(cache: ProfileCache | None) -> int:
+        return runner.programs_to_compile(
+            graph,
+            analysis,
+            segmentation,
+            mesh_spec((4,)),
+            platform=load_platform("a100-pcie-8"),
+            cache=cache,
+        )
+
+    programs = {p.program for p in profiled.entries if p.program}
+    assert to_compile(None) == len(programs) == profiled.programs < len(profiled.entries)
+    assert to_compile(_STORE) == 0
+    left_out = set(sorted(programs)[:2])
+    with ProfileCache(tmp_path / "partial.sqlite") as partial:
+        for record in _STORE:
+            digest = record.key.digest()[:16]
+            if digest in programs and digest not in left_out:
+                partial.put(record)
+        assert to_compile(partial) == 2
+        assert len(partial) == len(programs) - 2  # asking compiled and stored nothing
+
+
 def test_profiles_are_typed_records_and_their_frame_is_the_table_shown() -> None:
     """`profile_all` hands on typed profiles; `.frame()` shows one row each, in order, with
     the columns and dtypes the UI, the benches and these tests read."""

@@ -80,6 +80,7 @@ __all__ = [
     "own_config",
     "profile_all",
     "program_version",
+    "programs_to_compile",
     "reprice",
 ]
 
@@ -154,6 +155,53 @@ def profile_all(
     )
 
 
+def programs_to_compile(
+    graph: Graph,
+    analysis: BlockAnalysis,
+    segmentation: Segmentation,
+    mesh: MeshSpec,
+    *,
+    platform: Any,
+    cache: ProfileCache | None = None,
+    backend: Backend | str = Backend.COMPILED,
+    config_cap: int = DEFAULT_CONFIG_CAP,
+    dependencies: tuple[tuple[int, ...], ...] | None = None,
+) -> int:
+    """How many programs `profile_all` would compile for this space with `cache`: the
+    distinct programs the cache lacks (every one, where `cache` is None). Nothing is built
+    or compiled: what a run would cost, asked before it runs."""
+    backend = Backend(backend)
+    check_config_cap(segmentation, analysis, config_cap)
+    context = _Context(
+        graph,
+        analysis,
+        segmentation,
+        mesh,
+        make_mesh(mesh),
+        platform,
+        backend,
+        DYNAMIC_LIMIT_FACTOR,
+        known_dependencies=dependencies,
+    )
+    jobs = list(context.segment_jobs()) + list(context.reshard_jobs())
+    _, todo = _split_by_cache([job for job in jobs if not job.free], cache or ProfileCache(None))
+    return len(todo)
+
+
+def _split_by_cache(
+    jobs: list[_Job], cache: ProfileCache
+) -> tuple[list[tuple[_Job, ProfileRecord]], dict[ProgramKey, list[_Job]]]:
+    """The jobs the cache answers, with their records, and the rest by program: jobs that
+    share a program are compiled once."""
+    cached = cache.get_many([job.key for job in jobs])
+    answered = [(job, cached[job.key]) for job in jobs if job.key in cached]
+    sharing: dict[ProgramKey, list[_Job]] = collections.defaultdict(list)
+    for job in jobs:
+        if job.key not in cached:
+            sharing[job.key].append(job)
+    return answered, sharing
+
+
 def distinct_programs(table: pd.DataFrame) -> int:
     """How many programs a profile table's rows were priced from: boundaries that move the
     same tensors share one, and a boundary where nothing moves has none (`Profiles.programs`
@@ -180,14 +228,8 @@ def _run(
     profiles = [
         _profile(job, _nothing_moves(job), context, was_cached=False) for job in jobs if job.free
     ]
-    jobs = [job for job in jobs if not job.free]
-    cached = cache.get_many([job.key for job in jobs])
-    sharing: dict[ProgramKey, list[_Job]] = collections.defaultdict(list)  # one compile each
-    for job in jobs:
-        if job.key in cached:
-            profiles.append(_profile(job, cached[job.key], context, was_cached=True))
-        else:
-            sharing[job.key].append(job)
+    answered, sharing = _split_by_cache([job for job in jobs if not job.free], cache)
+    profiles += [_profile(job, record, context, was_cached=True) for job, record in answered]
     todo = [same[0] for same in sharing.values()]
     if not todo:
         return profiles
