@@ -66,7 +66,13 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     began = start = time.perf_counter()
     step, args = case.build_step()
     analysis = analyze(
-        step, *args, mesh=case.mesh, platform=platform, cache=run.cache, progress=False
+        step,
+        *args,
+        mesh=case.mesh,
+        platform=platform,
+        cache=run.cache,
+        progress=False,
+        config_cap=run.segment_cap(),
     )
     cost = _search_cost(analysis, time.perf_counter() - start)
     run.frontiers_kept += analysis.frontier_kept
@@ -278,6 +284,7 @@ def _with_wider_space(
             batch_outer=space.batch_outer,
             memory_resolution=memory_resolution,
             traced=traced,
+            config_cap=run.segment_cap(),
         )
 
     try:
@@ -560,6 +567,7 @@ def run_paper(
     gpu_memory: str = "kept",
     wider: dict[str, str] | None = None,
     jobs: int = 1,
+    config_cap: int | None = None,
 ) -> Path:
     """Run the paper grid (or `cases`), writing the report after every case; returns its
     path. `cache` keeps profiles, and beside it whole-step evaluations and the Alpa ILP's
@@ -574,7 +582,10 @@ def run_paper(
     `jobs` runs that many cases at once, each in a process of its own (`paper_worker`): a
     warm case keeps one core busy, so a warm run on N cores takes about 1/N of the time.
     Cold, each process compiles with its own workers: more memory, no faster on 2 cores.
-    The report is the same either way; rows keep the grid's order."""
+    The report is the same either way; rows keep the grid's order. `config_cap` is
+    `analyze`'s for every CFP space (None: its default).
+    After a run of the full grid's cases chosen by `only`, the cases left out are counted
+    (`paper_pending`: a few seconds each) so the report can say what they would cost."""
     from explorer.errors import InputError
 
     if not (isinstance(jobs, int) and jobs >= 1):
@@ -586,6 +597,7 @@ def run_paper(
         cache = DEFAULT_CACHE.expanduser() if quick else KEPT_CACHE
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
     run.gpu_memory, run.wider, run.jobs = gpu_memory, dict(wider or {}), jobs
+    run.config_cap = config_cap
     if jobs == 1:
         _run_here(run, grid, readme)
     else:
@@ -607,7 +619,7 @@ def _count_pending(run: PaperRun) -> None:
     if left_out:
         run.log(f"counting the programs of the {len(left_out)} cases not run")
     for case in left_out:
-        run.pending.append(count_pending(case, run.cache))
+        run.pending.append(count_pending(case, run.cache, run.segment_cap()))
 
 
 @contextlib.contextmanager
@@ -669,7 +681,7 @@ def _run_in_processes(
                     index, case = waiting.pop(0)
                     run.log(f"== {case.label}")
                     request = CaseRequest(
-                        run.quick, case, run.out, run.cache, run.gpu_memory, wider
+                        run.quick, case, run.out, run.cache, run.gpu_memory, wider, run.config_cap
                     )
                     running[index] = start(request, Path(folder), f"case-{index}")
                 for index, (process, answer) in list(running.items()):

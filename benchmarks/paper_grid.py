@@ -241,6 +241,13 @@ class PaperRun:
     jobs: int = 1  # cases run at once, each in a process of its own (`paper_worker`)
     # the grid's cases `--only` left out, each one's programs counted (`paper_pending`)
     pending: list[PendingCase] = field(default_factory=list)
+    config_cap: int | None = None  # `analyze`'s cap on a segment's configurations (None: its own)
+
+    def segment_cap(self) -> int:
+        """The cap on a segment's configurations the run passes `analyze`."""
+        from explorer.segments import DEFAULT_CONFIG_CAP
+
+        return self.config_cap or DEFAULT_CONFIG_CAP
 
     def failed(self, where: str, err: BaseException) -> None:
         line = f"{where}: {type(err).__name__}: {err}".splitlines()[0][:300]

@@ -38,12 +38,14 @@ class PendingCase:
         return self.batch % self.devices == 0
 
 
-def count_pending(case: PaperCase, cache: Path) -> PendingCase:
-    """`case`'s programs, and those `cache` lacks, found without compiling any."""
+def count_pending(case: PaperCase, cache: Path, config_cap: int | None = None) -> PendingCase:
+    """`case`'s programs, and those `cache` lacks, found without compiling any (segments
+    cut at `config_cap` configurations, else at `analyze`'s default)."""
     from explorer.pipeline import analyze
     from explorer.platforms import load_platform
     from explorer.profile.cache import ProfileCache
     from explorer.profile.runner import programs_to_compile
+    from explorer.segments import DEFAULT_CONFIG_CAP
 
     devices = math.prod(case.mesh)
 
@@ -55,14 +57,21 @@ def count_pending(case: PaperCase, cache: Path) -> PendingCase:
     try:
         platform = load_platform(case.platform)
         step, args = case.build_step()
+        cap = config_cap or DEFAULT_CONFIG_CAP
         space = analyze(
-            step, *args, mesh=case.mesh, platform=platform, profile=False, progress=False
+            step,
+            *args,
+            mesh=case.mesh,
+            platform=platform,
+            profile=False,
+            progress=False,
+            config_cap=cap,
         )
         found = (space.graph, space.block_analysis, space.segments, space.mesh)
         with ProfileCache(cache) as store:
             return pending(
-                programs_to_compile(*found, platform=platform),
-                programs_to_compile(*found, platform=platform, cache=store),
+                programs_to_compile(*found, platform=platform, config_cap=cap),
+                programs_to_compile(*found, platform=platform, cache=store, config_cap=cap),
             )
     except Exception as err:  # said in the report; the other cases are counted
         return pending(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")

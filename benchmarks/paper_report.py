@@ -475,6 +475,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
         + (" --quick" if run.quick else "")
         + (f" --only '{','.join(run.only)}'" if run.only is not None else "")
         + (f" --jobs {run.jobs}" if run.jobs > 1 else "")
+        + (f" --config-cap {run.config_cap}" if run.config_cap is not None else "")
     )
     state = (
         f"in {minutes:.1f} minutes"

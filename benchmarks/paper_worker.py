@@ -32,6 +32,7 @@ class CaseRequest:
     cache: Path
     gpu_memory: str
     wider: tuple[tuple[str, str], ...]
+    config_cap: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,7 @@ def main(argv: list[str]) -> int:
         lambda line: print(line, flush=True),
     )
     run.gpu_memory, run.wider = request.gpu_memory, dict(request.wider)
+    run.config_cap = request.config_cap
     with open_stores(run) as stores:
         try:
             run_case(run, request.case)

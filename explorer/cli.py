@@ -31,6 +31,11 @@ BATCH_OUTER_HELP = (
     "2-D: where the batch splits over the outer axis but not over every device, also offer "
     "each block the batch's own dim on the outer axis (M', E') with any role on the inner one"
 )
+CONFIG_CAP_HELP = (
+    "the most configurations one unique segment may have before it is cut at a block boundary "
+    "into smaller types (default 256): a lower cap profiles fewer, smaller programs, and the "
+    "cut instances may take different configurations"
+)
 WHOLE_MESH_HELP = (
     "2-D: also offer each block its 1-D strategies over the flattened mesh (each dim split "
     "over every device)"
@@ -58,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="solve a space too wide for the exact frontier approximately, comparing memory "
         "in units of this (e.g. 64MiB); the frontier says how far from exact it may be",
     )
+    plan.add_argument("--config-cap", default=None, help=CONFIG_CAP_HELP)
     plan.add_argument(
         "--gpu-memory",
         action="store_true",
@@ -155,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="with --paper: also profile CFP's space with the batch's own dim on the outer axis "
         "of 2-D meshes where the batch does not split over every device (rows cfp_outer, "
         "cfp_outer_gpu); without it the report shows them where the cache holds that space",
+    )
+    bench.add_argument(
+        "--config-cap",
+        default=None,
+        help=f"with --paper: {CONFIG_CAP_HELP}; the report's command line says so (write it "
+        "elsewhere with --out, and profile into a copy of the cache with --cache)",
     )
     bench.add_argument("--out", default=None, help="report folder (default assets/bench)")
     bench.add_argument(
@@ -346,16 +358,29 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
     return run_joined(spec, request, body, on_joined=joined)
 
 
+def _config_cap(text: str | None) -> int | None:
+    """`--config-cap`, checked before any work (None: the engine's default)."""
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise InputError(
+            f"--config-cap: expected a whole number of configurations >= 1, found {text!r}"
+        )
+    return int(text)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from explorer.baselines import BASELINES
     from explorer.mesh import mesh_spec
     from explorer.pipeline import Analysis, analyze
     from explorer.plan import evaluate, writable_path
     from explorer.platforms import load_platform
+    from explorer.segments import DEFAULT_CONFIG_CAP
 
     # what can be checked without the model is checked before minutes of profiling
     budget = parse_bytes(args.budget, "--budget") if args.budget is not None else None
     resolution = parse_bytes(args.memory_resolution, "--memory-resolution")
+    cap = _config_cap(args.config_cap)
     out = writable_path(args.out, "--out") if args.out is not None else None
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
@@ -392,6 +417,7 @@ def _plan(args: argparse.Namespace) -> int:
                     profile=not args.no_profile,
                     cancel=cancel,
                     memory_resolution=resolution,
+                    config_cap=cap or DEFAULT_CONFIG_CAP,
                     traced=analyses[0].graph if analyses else None,  # traced once
                 )
             )
@@ -468,6 +494,11 @@ def _bench(args: argparse.Namespace) -> int:
         raise InputError("--only selects paper cases: expected it with --paper, found it alone")
     if not (args.jobs.isdigit() and int(args.jobs) >= 1):
         raise InputError(f"--jobs: expected a whole number of processes >= 1, found {args.jobs!r}")
+    cap = _config_cap(args.config_cap)
+    if cap is not None and not args.paper:
+        raise InputError(
+            "--config-cap is for paper cases: expected it with --paper, found it alone"
+        )
     if int(args.jobs) > 1 and not args.paper:
         raise InputError("--jobs is for paper cases: expected it with --paper, found it alone")
     for flag, given in (
@@ -496,6 +527,7 @@ def _bench(args: argparse.Namespace) -> int:
                 "cfp_outer": "compile" if args.batch_outer else "kept",
             },
             jobs=int(args.jobs),
+            config_cap=cap,
         )
         print(f"wrote {report} in {(time.perf_counter() - start) / 60:.1f} min")
         return 0

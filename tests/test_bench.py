@@ -340,12 +340,19 @@ def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_rea
 ) -> None:
     case = PaperCase("gpt", "tiny", "v100-nvlink-4", (8,), batch=8, paper_batch=True, layers=2)
     report = run_paper(
-        False, out=tmp_path, cache=tmp_path / "c.sqlite", cases=[case], log=print, only=["tiny"]
+        False,
+        out=tmp_path,
+        cache=tmp_path / "c.sqlite",
+        cases=[case],
+        log=print,
+        only=["tiny"],
+        config_cap=27,
     )
     text = report.read_text()
     assert "v100-nvlink-4 mesh 8: the platform has 4 devices, the mesh needs 8" in text
     assert "0 of 1 cases done" in text and "## Failures\n\nNone." in text
-    assert "`python -m explorer bench --paper --only 'tiny'` in" in text  # says what it ran
+    # says what it ran
+    assert "`python -m explorer bench --paper --only 'tiny' --config-cap 27` in" in text
 
 
 def test_a_gpu_no_compiler_here_targets_is_said_once_and_judges_no_plan(tmp_path: Path) -> None:
@@ -454,6 +461,12 @@ def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFix
     for flag in ("--gpu-memory", "--shard-parameters", "--whole-mesh"):
         assert main(["bench", flag]) == 2
         assert f"{flag} is for paper cases: expected it with --paper" in capsys.readouterr().err
+    assert main(["bench", "--config-cap", "81"]) == 2
+    assert "--config-cap is for paper cases: expected it with --paper" in capsys.readouterr().err
+    assert main(["bench", "--paper", "--config-cap", "-3"]) == 2
+    assert "--config-cap: expected a whole number of configurations >= 1, found '-3'" in (
+        capsys.readouterr().err
+    )
     assert main(["bench", "--jobs", "2"]) == 2
     assert "--jobs is for paper cases: expected it with --paper" in capsys.readouterr().err
     for jobs in ("0", "two", "-1"):

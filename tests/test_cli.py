@@ -35,6 +35,19 @@ def test_plan_without_profiling_prints_blocks_and_program_count(
     assert "M@x+y" in out  # 2-D strategies with batch pinned to the outer axis
 
 
+def test_a_lower_configuration_cap_cuts_the_layer_into_smaller_types(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Tiny GPT's layer has 81 configurations (4 blocks of 3 strategies): a cap of 27 cuts it,
+    and the programs to profile say so."""
+    assert main([*ZOO, "--no-profile"]) == 0
+    whole = capsys.readouterr().out
+    assert main([*ZOO, "--no-profile", "--config-cap", "27"]) == 0
+    cut = capsys.readouterr().out
+    assert "split over the configuration cap" not in whole and "+ 81 +" in whole
+    assert "split over the configuration cap" in cut and "+ 81 +" not in cut
+
+
 def test_plan_rejects_an_unknown_preset_clearly(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--model", "gpt", "--preset", "huge", "--no-profile"]) == 2
     err = capsys.readouterr().err
@@ -78,6 +91,8 @@ ZOO = ["plan", "--model", "gpt", "--preset", "tiny", "--mesh", "4"]
         (["--each-space"], "--each-space"),  # nothing to compare with the paper's space
         (["--each-space", "--whole-mesh", "--no-profile"], "--each-space"),
         (["--each-space", "--gpu-memory"], "--each-space"),  # still nothing to compare
+        (["--config-cap", "0"], "--config-cap"),
+        (["--config-cap", "many"], "--config-cap"),
     ],
 )
 def test_plan_refuses_bad_input_before_profiling(
