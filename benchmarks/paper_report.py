@@ -601,7 +601,7 @@ def _pending_lines(frame: pd.DataFrame, pending: Sequence[PendingCase]) -> list[
         "else the same model), cold and from the cache as it is. Their whole steps and wider "
         "spaces come on top.",
         "",
-        markdown(pending_table(done, pending)),
+        markdown(pending_table(done, pending).round({"CPU-h cold": 2, "CPU-h now": 2})),
     ]
 
 
