@@ -3,7 +3,7 @@
 The grid is too costly to run whole on this machine, so a report of part of it says, for each
 case left out, how many programs its paper space has and how many of them the profile cache
 lacks: traced and segmented, nothing compiled (a few seconds a case). The report prices them
-at the compile seconds per program of the cases it ran (`paper_report.pending_lines`).
+at the compile seconds per program of the cases it ran (`pending_table`, under "Not run").
 """
 
 from __future__ import annotations

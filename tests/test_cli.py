@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from helpers import SHARED_CACHE
 
-from explorer.cli import main
+from explorer.cli import CONFIG_CAP_HELP, main
 from explorer.plan import load_plan
 from explorer.platforms import load_platform
+from explorer.segments import DEFAULT_CONFIG_CAP
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,6 +47,7 @@ def test_a_lower_configuration_cap_cuts_the_layer_into_smaller_types(
     cut = capsys.readouterr().out
     assert "split over the configuration cap" not in whole and "+ 81 +" in whole
     assert "split over the configuration cap" in cut and "+ 81 +" not in cut
+    assert f"(default {DEFAULT_CONFIG_CAP})" in CONFIG_CAP_HELP  # the help says the engine's
 
 
 def test_plan_rejects_an_unknown_preset_clearly(capsys: pytest.CaptureFixture[str]) -> None:
