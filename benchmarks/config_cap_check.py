@@ -38,13 +38,13 @@ from benchmarks.paper_grid import KEPT_CACHE, PAPER_DIR, paper_cases
 
 def check_case(label: str, cap: int, report: pd.DataFrame) -> dict[str, Any]:
     """The case at `cap`, and the report's CFP and ILP rows of it."""
+    from benchmarks.paper import _search_cost
     from benchmarks.quality import strategy_mix
     from explorer.errors import NoPlanFitsError
     from explorer.evaluation import evaluate
     from explorer.evaluation_store import EvaluationStore
     from explorer.pipeline import analyze
     from explorer.platforms import load_platform
-    from explorer.profile.runner import distinct_programs
 
     exact = [c for c in paper_cases(False) if c.label == label]
     if not exact:
@@ -57,17 +57,14 @@ def check_case(label: str, cap: int, report: pd.DataFrame) -> dict[str, Any]:
         step, *args, mesh=case.mesh, platform=platform, cache=KEPT_CACHE, config_cap=cap,
         progress=False,
     )  # fmt: skip
-    table = analysis.profiles
-    programs = table[table["program"] != ""].drop_duplicates("program")
+    cost = _search_cost(analysis, time.perf_counter() - began)
     rows: dict[str, dict[Any, Any]] = {
         str(r["plan"]): r for r in report[report["case"] == case.label].to_dict("records")
     }
     found: dict[str, Any] = {
         "case": case.label,
         "cap": cap,
-        "programs": distinct_programs(table),
-        "profiling_s": float(programs["seconds"].sum()),
-        "analyse_s": time.perf_counter() - began,
+        **{key: cost[key] for key in ("programs", "profiling_s", "analyse_s")},
         "report_programs": float(rows["cfp"]["programs"]),
         "report_profiling_s": float(rows["cfp"]["profiling_s"]),
         "report_cfp_s": float(rows["cfp"]["evaluated_s"]),

@@ -41,6 +41,7 @@ class PendingCase:
 def count_pending(case: PaperCase, cache: Path, config_cap: int | None = None) -> PendingCase:
     """`case`'s programs, and those `cache` lacks, found without compiling any (segments
     cut at `config_cap` configurations, else at `analyze`'s default)."""
+    from explorer.layouts import instance_dependencies
     from explorer.pipeline import analyze
     from explorer.platforms import load_platform
     from explorer.profile.cache import ProfileCache
@@ -68,11 +69,16 @@ def count_pending(case: PaperCase, cache: Path, config_cap: int | None = None) -
             config_cap=cap,
         )
         found = (space.graph, space.block_analysis, space.segments, space.mesh)
-        with ProfileCache(cache) as store:
-            return pending(
-                programs_to_compile(*found, platform=platform, config_cap=cap),
-                programs_to_compile(*found, platform=platform, cache=store, config_cap=cap),
+        # placing the step to find them takes seconds at full depth: once for both counts
+        known = instance_dependencies(*found)
+
+        def count(store: ProfileCache | None) -> int:
+            return programs_to_compile(
+                *found, platform=platform, cache=store, config_cap=cap, dependencies=known
             )
+
+        with ProfileCache(cache) as kept:
+            return pending(count(None), count(kept))
     except Exception as err:  # said in the report; the other cases are counted
         return pending(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
 

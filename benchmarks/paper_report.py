@@ -197,7 +197,7 @@ def cold_cost(
     counted in each, which the paper's batches and meshes make rare), one program per core at
     a time, and what the `pending` cases (those left out) would add at the seconds per program
     of the cases run. Whole-step compiles come on top; their seconds are not kept."""
-    cases = frame[frame["plan"] == "cfp"].dropna(subset=["profiling_s"])
+    cases = _profiled_cases(frame)
     if cases.empty:
         return []
     seconds, programs = float(cases["profiling_s"].sum()), int(cases["programs"].sum())
@@ -237,6 +237,11 @@ def cold_cost(
             + (f"; {_more(uncounted)} could not be counted." if uncounted else ".")
         )
     return lines
+
+
+def _profiled_cases(frame: pd.DataFrame) -> pd.DataFrame:
+    """The CFP row of each case whose programs were profiled: a case's search cost."""
+    return frame[frame["plan"] == "cfp"].dropna(subset=["profiling_s"])
 
 
 def _more(count: int) -> str:
@@ -590,9 +595,7 @@ def _pending_lines(frame: pd.DataFrame, pending: Sequence[PendingCase]) -> list[
     """What each case left out would cost to run, where the run counted them."""
     if not pending:
         return []
-    done = (
-        frame[frame["plan"] == "cfp"].dropna(subset=["profiling_s"]) if "plan" in frame else frame
-    )
+    done = _profiled_cases(frame) if "plan" in frame else frame
     return [
         "",
         "What each would cost: its paper space's programs (traced and counted, none compiled), "
@@ -609,8 +612,7 @@ def _cold_goal_lines(
     frame: pd.DataFrame, grid_cases: int, pending: Sequence[PendingCase] = ()
 ) -> list[str]:
     """The cold run's goal, under the goals of plan quality."""
-    cores = os.cpu_count() or 1
-    lines = cold_cost(frame, grid_cases, cores, pending) if "plan" in frame else []
+    lines = cold_cost(frame, grid_cases, os.cpu_count() or 1, pending) if "plan" in frame else []
     return ["", "Affordability:", "", *(f"- {line}" for line in lines)] if lines else []
 
 

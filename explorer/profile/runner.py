@@ -147,7 +147,7 @@ def profile_all(
     # A selection bounds the work by itself: it picks from the full space, no cap applies.
     if only is None:
         check_config_cap(segmentation, analysis, config_cap)
-    first_round = list(context.segment_jobs()) + list(context.reshard_jobs())
+    first_round = _every_job(context)
     if only is not None:  # a configuration with a context is selected by its own part
         first_round = [j for j in first_round if only(j.kind, j.label, own_config(j.config))]
     return Profiles(
@@ -173,19 +173,17 @@ def programs_to_compile(
     backend = Backend(backend)
     check_config_cap(segmentation, analysis, config_cap)
     context = _Context(
-        graph,
-        analysis,
-        segmentation,
-        mesh,
-        make_mesh(mesh),
-        platform,
-        backend,
-        DYNAMIC_LIMIT_FACTOR,
-        known_dependencies=dependencies,
-    )
-    jobs = list(context.segment_jobs()) + list(context.reshard_jobs())
-    _, todo = _split_by_cache([job for job in jobs if not job.free], cache or ProfileCache(None))
+        graph, analysis, segmentation, mesh, make_mesh(mesh), platform, backend,
+        DYNAMIC_LIMIT_FACTOR, known_dependencies=dependencies,
+    )  # fmt: skip
+    paid = [job for job in _every_job(context) if not job.free]
+    _, todo = _split_by_cache(paid, cache if cache is not None else ProfileCache(None))
     return len(todo)
+
+
+def _every_job(context: _Context) -> list[_Job]:
+    """One job per program of the space: each segment configuration, then each boundary."""
+    return list(context.segment_jobs()) + list(context.reshard_jobs())
 
 
 def _split_by_cache(
