@@ -33,7 +33,7 @@ BATCH_OUTER_HELP = (
 )
 CONFIG_CAP_HELP = (
     "the most configurations one unique segment may have before it is cut at a block boundary "
-    "into smaller types (default 256): a lower cap profiles fewer, smaller programs, and the "
+    "into smaller types (default 81): a lower cap profiles fewer, smaller programs, and the "
     "cut instances may take different configurations"
 )
 WHOLE_MESH_HELP = (

@@ -18,7 +18,7 @@ from explorer.cost import build_cost_model
 from explorer.errors import InputError
 from explorer.frontier_store import frontier_store_path, solve_kept
 from explorer.mesh import MeshLike
-from explorer.plan_space import space_options
+from explorer.plan_space import cut_cap, space_options
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
 from explorer.space import changed_boundary_rules, step_space
 from explorer.trace import ArgRoles, trace, traced_again
@@ -167,15 +167,15 @@ def analyze(
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
 
-    segments = build_segments(graph, blocks, cap=config_cap)
-    dependencies = instance_dependencies(graph, blocks, segments, spec)
-    segments = split_by_dependencies(segments, dependencies, blocks.blocks)
+    cut = build_segments(graph, blocks, cap=config_cap)
+    dependencies = instance_dependencies(graph, blocks, cut, spec)
+    segments = split_by_dependencies(cut, dependencies, blocks.blocks)
     space = space_options(
         spec,
         free_axes=free_axes,
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
-        config_cap=config_cap,
+        config_cap=cut_cap(graph, blocks, cut, config_cap),
         batch_outer=blocks.primed,
     )
     if not profile:

@@ -7,9 +7,12 @@ configuration cap cuts the step into other segments than the paper's. The plan w
 with its own space's cut, so the plan that runs must be cut the same way. Most plans name a
 strategy no space looked up before theirs offers, and the names tell the space. A plan whose
 every name an earlier space offers too (a whole-mesh plan that keeps the paper's strategies,
-say) records its space, and so does one cut under a cap other than the default: its
+say) records its space, and so does one whose cap cuts the step otherwise than
+`UNRECORDED_CAP` does (the cap of every plan written before caps were recorded): its
 document, and with it the key its whole step is kept under (`evaluation_store.layout_digest`),
-then differs from the other space's plan of the same names.
+then differs from the other space's plan of the same names. A cap that cuts the step alike is
+not recorded (`cut_cap`), so the plan and its key do not change with `analyze`'s default cap
+where the program does not.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from collections.abc import Iterator, Sequence
 from explorer.blocks import build_blocks
 from explorer.ir import BlockAnalysis, Graph, Segmentation
 from explorer.mesh import MeshSpec
-from explorer.plan_types import PAPER_SPACE, Plan, SpaceOptions
-from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
+from explorer.plan_types import PAPER_SPACE, UNRECORDED_CAP, Plan, SpaceOptions
+from explorer.segments import build_segments
 from explorer.space import build_space, parameter_ids, step_space
 
 
@@ -30,11 +33,11 @@ def space_options(
     free_axes: bool = False,
     whole_mesh: bool = False,
     shard_parameters: bool = False,
-    config_cap: int = DEFAULT_CONFIG_CAP,
+    config_cap: int = UNRECORDED_CAP,
     batch_outer: bool = False,
 ) -> SpaceOptions:
     """`analyze`'s options as the space they make: on a 1-D mesh the 2-D widenings change
-    nothing, so they are dropped."""
+    nothing, so they are dropped. `config_cap` is the cap naming the cut (`cut_cap`)."""
     two_d = len(mesh.axes) > 1
     return SpaceOptions(
         free_axes=free_axes and two_d,
@@ -45,11 +48,31 @@ def space_options(
     )
 
 
+def cut_cap(graph: Graph, blocks: BlockAnalysis, segments: Segmentation, cap: int) -> int:
+    """The cap naming `segments`, `graph` cut under `cap` in space `blocks`: `cap`, or
+    `UNRECORDED_CAP` where that cap cuts the step alike (as `space_of` rebuilds it), so a plan
+    records a cap only where it changes the program that runs."""
+    if cap == UNRECORDED_CAP:
+        return cap
+    unrecorded = build_segments(graph, blocks, cap=UNRECORDED_CAP)
+    return UNRECORDED_CAP if _cut(unrecorded) == _cut(segments) else cap
+
+
+def _cut(segments: Segmentation) -> tuple[object, ...]:
+    """What applying a plan reads of its segments (`layouts.place`): each instance's blocks
+    and ops, which segment each op is in, and the tensors crossing each boundary."""
+    return (
+        tuple((i.blocks, i.ops) for i in segments.instances),
+        segments.segment_of_op,
+        segments.boundaries,
+    )
+
+
 def candidate_spaces(
     graph: Graph, blocks: BlockAnalysis, mesh: MeshSpec
 ) -> Iterator[tuple[SpaceOptions, BlockAnalysis]]:
-    """Every space a plan's names may come from (default cap), the paper's first: on a 2-D
-    mesh its widenings after it, then each again with ZeRO twins."""
+    """Every space a plan's names may come from (cut as a plan recording no cap is), the
+    paper's first: on a 2-D mesh its widenings after it, then each again with ZeRO twins."""
     widenings = ((False, False), (False, True), (True, False))[: 3 if len(mesh.axes) > 1 else 1]
     parameters = parameter_ids(graph)
     for shard_parameters in (False, True):
@@ -80,10 +103,10 @@ def recorded_space(
     """What a plan of strategies `names` made in space `own` records of it: None where the
     first space offering every name (`candidate_spaces`, the order `space_of` looks them up
     in) is `own`, so the names tell it (the paper's own plans always); else `own`, as where
-    its cap is not the default."""
+    its cut is named by another cap than `UNRECORDED_CAP` (`cut_cap`)."""
     if own == PAPER_SPACE:  # the first space looked up: it offers all its plans' names
         return None
-    if own.config_cap != DEFAULT_CONFIG_CAP:
+    if own.config_cap != UNRECORDED_CAP:
         return own
     for options, space in candidate_spaces(graph, blocks, mesh):
         if offers(space, names):
@@ -114,11 +137,11 @@ def space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
     for _, space in candidate_spaces(graph, blocks, mesh):
         if not offers(space, plan.strategies):
             continue
-        segmentation = build_segments(graph, space)
+        segmentation = build_segments(graph, space, cap=UNRECORDED_CAP)
         if not plan.segments or len(segmentation.instances) == len(plan.segments):
             return space, segmentation
         offering = offering or (space, segmentation)
     if offering is not None:
         return offering
     space = build_space(blocks, mesh)
-    return space, build_segments(graph, space)
+    return space, build_segments(graph, space, cap=UNRECORDED_CAP)

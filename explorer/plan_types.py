@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from explorer.errors import PlanError
 from explorer.ir import DimAxes
 from explorer.mesh import MeshSpec
-from explorer.segments import DEFAULT_CONFIG_CAP
 
 if TYPE_CHECKING:
     from explorer.platforms import Platform
@@ -99,6 +98,12 @@ class IlpReport:
     memory: int | None = None  # peak bytes per device in the ILP's liveness model
 
 
+# The cap of a plan that records none: every plan was cut under it before caps were recorded,
+# so a plan records its cap only where the cut differs from this one's (`plan_space.cut_cap`),
+# whatever `analyze`'s default cap (`segments.DEFAULT_CONFIG_CAP`) is now.
+UNRECORDED_CAP = 256
+
+
 @dataclass(frozen=True, slots=True)
 class SpaceOptions:
     """What `analyze` searched beyond the paper's space (the 2-D widenings `free_axes`,
@@ -109,11 +114,13 @@ class SpaceOptions:
     free_axes: bool = False
     whole_mesh: bool = False
     shard_parameters: bool = False
-    config_cap: int = DEFAULT_CONFIG_CAP
+    # the cap its cut is named by: the one searched under, or UNRECORDED_CAP where that
+    # cuts the step alike (`plan_space.cut_cap`)
+    config_cap: int = UNRECORDED_CAP
     batch_outer: bool = False  # last: a recorded space's fields keep their order
 
 
-PAPER_SPACE = SpaceOptions()  # the paper's space, under the default cap
+PAPER_SPACE = SpaceOptions()  # the paper's space, cut as a plan recording no cap is
 
 
 @dataclass(frozen=True, slots=True)

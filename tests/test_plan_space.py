@@ -16,7 +16,8 @@ from explorer.ir import Config
 from explorer.plan_build import make_plan
 from explorer.plan_document import plan_from_json, plan_to_json
 from explorer.plan_space import space_of
-from explorer.plan_types import PAPER_SPACE, SpaceOptions
+from explorer.plan_types import PAPER_SPACE, UNRECORDED_CAP, SpaceOptions
+from explorer.segments import DEFAULT_CONFIG_CAP
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,8 @@ def test_a_wider_space_s_plan_of_the_paper_s_names_records_its_space(gpt: Any) -
 
 
 def test_a_plan_cut_under_another_cap_records_it_and_is_cut_so_again(gpt: Any) -> None:
-    """A configuration cap other than the default cuts the step elsewhere (10 instances
-    under 8 configurations a type), so the plan records it whatever its names."""
+    """A configuration cap of 8 cuts the step elsewhere (10 instances under 8 configurations
+    a type), so the plan records it whatever its names."""
     step, args, paper = gpt
     capped = ex.analyze(step, *args, mesh=(2, 2), profile=False, config_cap=8, traced=paper.graph)
     assert len(capped.segments.instances) > len(paper.segments.instances)
@@ -85,6 +86,31 @@ def test_a_plan_cut_under_another_cap_records_it_and_is_cut_so_again(gpt: Any) -
     assert plan.space == SpaceOptions(config_cap=8)
     assert plan_to_json(plan)["space"] == {"config_cap": 8}
     assert space_of(plan, paper.graph)[1].boundaries == capped.segments.boundaries
+
+
+def test_a_cap_is_recorded_only_where_it_cuts_the_step_otherwise_than_an_unrecorded_one() -> None:
+    """Tiny GPT at batch 8 on mesh 4: a layer (4 blocks of 3 strategies, 81 configurations)
+    is whole under the default cap and under `UNRECORDED_CAP`, so its plan records no cap
+    and keeps the document (and the key of its whole step) of a plan cut under 256. At batch
+    2 the batch does not split: the attention cores become blocks of 4 strategies, the layer
+    is over 81 configurations and the default cap cuts it finer than 256 does, so the plan
+    records the cap and is cut so again where it is applied."""
+    assert DEFAULT_CONFIG_CAP != UNRECORDED_CAP  # the premise
+    for batch, recorded in ((8, None), (2, {"config_cap": DEFAULT_CONFIG_CAP})):
+        step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2, batch=batch))
+        default = ex.analyze(step, *args, mesh=(4,), profile=False, cache=None)
+        unrecorded = ex.analyze(
+            step, *args, mesh=(4,), profile=False, config_cap=UNRECORDED_CAP, traced=default.graph
+        )
+        names = [block.strategies[0].name for block in default.blocks]
+        plan, old = _plan(default, names), _plan(unrecorded, names)
+        assert plan_to_json(plan).get("space") == recorded
+        assert "space" not in plan_to_json(old)
+        alike = recorded is None
+        assert (layout_digest(plan_to_json(plan)) == layout_digest(plan_to_json(old))) is alike
+        assert (default.segments.boundaries == unrecorded.segments.boundaries) is alike
+        assert space_of(plan, default.graph)[1].boundaries == default.segments.boundaries
+        assert plan_from_json(json.loads(plan.to_json())) == plan
 
 
 def test_a_1d_mesh_has_one_space_whatever_the_2d_widenings() -> None:

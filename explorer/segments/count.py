@@ -11,8 +11,11 @@ from explorer.errors import ConfigCapError
 from explorer.ir import BlockAnalysis, Segmentation, SegmentInstance
 
 # Configurations a unique segment may have before it is split (adaptive granularity), and
-# the default bound of a profiling run per segment type.
-DEFAULT_CONFIG_CAP = 256
+# the default bound of a profiling run per segment type: a GPT layer's 4 blocks x 3
+# strategies whole (DESIGN.md). A layer with more blocks (attention cores of their own where
+# the batch cannot split) is cut in parts of about that size, whose programs cost several
+# times fewer seconds than one part of 256 (assets/bench/paper/NOTE.md, stops 56 and 57).
+DEFAULT_CONFIG_CAP = 81
 
 
 @dataclass(frozen=True, slots=True)
