@@ -23,7 +23,6 @@ from explorer.profile.hlo import parse_collectives
 from explorer.profile.runner import profile_all
 from explorer.realize import reshard_program, segment_program
 from explorer.segments import (
-    DEFAULT_CONFIG_CAP,
     build_segments,
     check_config_cap,
     program_count,
@@ -105,7 +104,8 @@ def test_boundaries_that_move_the_same_tensors_share_one_resharding_program() ->
 
 def test_moe_layers_are_split_under_the_cap_and_repeat() -> None:
     """The GShard MoE layer (7 blocks, 6,912 configurations) is cut into parts of at most
-    256 configurations; dense and MoE layers are distinct types, each repeated by depth."""
+    the default cap's configurations; dense and MoE layers are distinct types, each repeated
+    by depth."""
     _graph, analysis, segmentation = _segmented("moe", 4)
     print(segmentation.summary())
     labels = [i.label for i in segmentation.instances]
@@ -417,7 +417,9 @@ def test_a_type_whose_instances_depend_on_other_blocks_is_split_before_profiling
     from explorer.layouts import instance_dependencies
 
     built = ex.models.build("llama", "tiny", batch=2, abstract=True)
-    step = ex.analyze(built.step, *built.args, mesh=(2, 4), free_axes=True, profile=False)
+    step = ex.analyze(
+        built.step, *built.args, mesh=(2, 4), free_axes=True, profile=False, config_cap=256
+    )  # the cut whose third parts repeat (the default cap cuts the layers finer)
     segments, blocks = step.segments, step.block_analysis.blocks
     labels = {u.id: u.label for u in segments.unique}
     by_label = {i.label: labels[i.unique_id] for i in segments.instances}
@@ -434,7 +436,7 @@ def test_a_type_whose_instances_depend_on_other_blocks_is_split_before_profiling
         assert first.setdefault(instance.unique_id, signature) == signature, instance.label
     # splitting only renames types: each instance keeps its ops and blocks, so it depends on
     # what it did before (`analyze` hands the dependencies it split by to profiling)
-    unsplit = build_segments(step.graph, step.block_analysis, cap=DEFAULT_CONFIG_CAP)
+    unsplit = build_segments(step.graph, step.block_analysis, cap=256)
     assert [(i.ops, i.blocks) for i in unsplit.instances] == [
         (i.ops, i.blocks) for i in segments.instances
     ]
@@ -447,14 +449,17 @@ def test_a_type_whose_instances_depend_on_other_blocks_is_split_before_profiling
     # where every instance depends alike nothing is split: the pinned space, or batch 8
     for mesh, batch, free in (((2, 4), 2, False), ((2, 4), 8, True)):
         built = ex.models.build("llama", "tiny", batch=batch, abstract=True)
-        plain = ex.analyze(built.step, *built.args, mesh=mesh, free_axes=free, profile=False)
+        plain = ex.analyze(
+            built.step, *built.args, mesh=mesh, free_axes=free, profile=False, config_cap=256
+        )
         assert not any("split in" in note for note in plain.segments.notes)
         assert all("(2)" not in u.label for u in plain.segments.unique)
 
 
 @cache
 def _llama_whole_mesh_cut() -> tuple[Any, Any, Any, Segmentation, int, dict[str, int]]:
-    """LLaMA-7B (2 layers, batch 2) on 4x2 with whole-mesh strategies: its graph, mesh,
+    """LLaMA-7B (2 layers, batch 2) on 4x2 with whole-mesh strategies, cut at 256
+    configurations a type (the cap its plans were first compiled under): its graph, mesh,
     blocks and segments, the boundary cutting a layer between the attention core and its
     output projection, and the flat mesh's Megatron pair there (core `E@x+y`, projection
     `K@x+y`) as `boundary_moves` takes it."""
@@ -462,7 +467,7 @@ def _llama_whole_mesh_cut() -> tuple[Any, Any, Any, Segmentation, int, dict[str,
     spec = mesh_spec((4, 2))
     graph = ex.trace(model.step, *model.args)
     space = step_space(graph, spec, whole_mesh=True)
-    blocks, segmentation = space.blocks, build_segments(graph, space)
+    blocks, segmentation = space.blocks, build_segments(graph, space, cap=256)
     cut = next(
         b
         for b, boundary in enumerate(segmentation.boundaries)
@@ -483,7 +488,7 @@ def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> 
     (gathered at the end of one segment, split again at the start of the next); traced
     through the reshape to the core's split heads it crosses as it is, both ways. The layer
     boundaries, where the rule before tracing already had a layout, are left alone (their
-    profiles stay valid), as is every boundary of the paper's space."""
+    profiles stay valid), as is every boundary of the paper's space under that cap."""
     graph, spec, blocks, segmentation, cut, pair = _llama_whole_mesh_cut()
     now = boundary_moves(graph, blocks, segmentation, cut, spec, **pair)
     before = boundary_moves(graph, blocks, segmentation, cut, None, **pair)  # before tracing
@@ -502,7 +507,7 @@ def test_a_value_a_reshape_hands_across_a_boundary_keeps_its_block_s_split() -> 
         tracing_changes(graph, blocks, segmentation, b, spec) for b in layer_ends
     )
     paper = step_space(graph, spec)
-    plain = build_segments(graph, paper)
+    plain = build_segments(graph, paper, cap=256)  # as its kept whole steps were cut
     assert not any(
         tracing_changes(graph, paper.blocks, plain, b, spec) for b in range(len(plain.boundaries))
     )
@@ -515,7 +520,7 @@ def test_a_cotangent_a_block_makes_crosses_where_the_block_made_it() -> None:
     device) where the projection holds it whole: sliced where made, gathered where read, a
     move the whole step never makes. Owned values first, the flat mesh's Megatron layers
     cross the cut with nothing to move; only the whole-mesh space's cut boundaries change
-    (their types' keys are marked), never a boundary of the paper's space."""
+    (their types' keys are marked), never a boundary of the paper's space under that cap."""
     graph, spec, blocks, segmentation, cut, pair = _llama_whole_mesh_cut()
     projection = blocks[segmentation.instances[cut + 1].blocks[0]]
     now = boundary_moves(graph, blocks, segmentation, cut, spec, **pair)
@@ -528,7 +533,7 @@ def test_a_cotangent_a_block_makes_crosses_where_the_block_made_it() -> None:
     assert (made, read) == (((), (), ("x", "y")), ((), (), ()))
     assert owned_first_changes(graph, blocks, segmentation, cut, spec)
     paper = step_space(graph, spec)
-    plain = build_segments(graph, paper)
+    plain = build_segments(graph, paper, cap=256)  # as its kept whole steps were cut
     assert not any(
         owned_first_changes(graph, paper.blocks, plain, b, spec)
         for b in range(len(plain.boundaries))
@@ -538,10 +543,12 @@ def test_a_cotangent_a_block_makes_crosses_where_the_block_made_it() -> None:
 def test_a_segmentation_a_boundary_rule_changed_is_marked_for_its_plans() -> None:
     """The whole-mesh cut changed under both boundary rules since its plans were first
     compiled, so its plans record both (`Plan.boundary_rules`): their whole steps are kept
-    apart from those compiled before (`layout_digest`). The paper's space, whose boundaries
-    no rule changed, marks none: the kept whole steps of its plans stay valid."""
+    apart from those compiled before (`layout_digest`). The paper's space under that cap,
+    whose boundaries no rule changed, marks none: the kept whole steps of its plans stay
+    valid. (Under the default cap of 81 its finer cut is marked: those plans are new.)"""
     graph, spec, blocks, segmentation, _cut, _pair = _llama_whole_mesh_cut()
     marks = changed_boundary_rules(graph, blocks, segmentation, spec)
     assert marks == (TRACED_BOUNDARIES, OWNED_BOUNDARIES)
     paper = step_space(graph, spec)
-    assert changed_boundary_rules(graph, paper.blocks, build_segments(graph, paper), spec) == ()
+    plain = build_segments(graph, paper, cap=256)  # as its kept whole steps were cut
+    assert changed_boundary_rules(graph, paper.blocks, plain, spec) == ()
