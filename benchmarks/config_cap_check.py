@@ -3,11 +3,12 @@
 Where a paper case's batch does not split over every device, its layer takes far more
 programs (456 to 954 at a cap of 256, the default before stop 57, against about 90 where it
 splits): its blocks have more strategies, and its programs depend on another instance's
-block. A lower cap cuts such a layer into smaller types. This check analyses each case's paper space at `--cap` from
-the committed caches (profiling what they lack into them), takes the fastest plan within the
-device, compiles its whole step (kept in the evaluation store) and prints it beside the
-committed report's CFP and Alpa-style ILP rows, with the programs and their profiling seconds.
-The baselines are not evaluated again: their figures are the report's, at the report's cap.
+block. A lower cap cuts such a layer into smaller types. This check analyses each case's
+paper space at `--cap` from the committed caches (profiling what they lack into them), takes
+the fastest plan within the device, compiles its whole step (kept in the evaluation store)
+and prints it beside the committed report's CFP and Alpa-style ILP rows, with the programs
+and their profiling seconds. The baselines are not evaluated again: their figures are the
+report's, at the report's cap.
 
     python benchmarks/config_cap_check.py --cap 81 --only 'label,label'
 
