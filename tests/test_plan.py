@@ -213,7 +213,7 @@ def test_a_plan_with_zero_twins_saves_applies_and_matches_the_unsharded_step(
     wanted = {"M@x,M@x,params@x,M@x,params@x,M@x,params@x"}
     analysis = ex.analyze(
         step, *warm, mesh=(4,), platform="a100-pcie-8", cache=SHARED_CACHE, progress=False,
-        shard_parameters=True,
+        shard_parameters=True, config_cap=256,  # the layer whole: 4 blocks of 4 strategies
         only=lambda kind, label, config: kind == "reshard" or label != "layer" or config in wanted,
     )  # fmt: skip
     plan = analysis.plan(pins=pins)
