@@ -107,9 +107,9 @@ UNRECORDED_CAP = 256
 @dataclass(frozen=True, slots=True)
 class SpaceOptions:
     """What `analyze` searched beyond the paper's space (the 2-D widenings `free_axes`,
-    `whole_mesh` and `batch_outer`, ZeRO twins) and the configuration cap it cut segments
-    under: with the step, what decides a block plan's strategies and where its segment
-    boundaries fall."""
+    `whole_mesh` and `batch_outer`, ZeRO twins) and the configuration cap naming its cut:
+    with the step, what decides a block plan's strategies and where its segment boundaries
+    fall."""
 
     free_axes: bool = False
     whole_mesh: bool = False

@@ -14,7 +14,8 @@ from explorer.ir import BlockAnalysis, Segmentation, SegmentInstance
 # the default bound of a profiling run per segment type: a GPT layer's 4 blocks x 3
 # strategies whole (DESIGN.md). A layer with more blocks (attention cores of their own where
 # the batch cannot split) is cut in parts of about that size, whose programs cost several
-# times fewer seconds than one part of 256 (assets/bench/paper/NOTE.md, stops 56 and 57).
+# times fewer seconds than one part of 256. Not every cut is free: a boundary can land where
+# a plan's values must move (assets/bench/paper/NOTE.md, stops 56 and 57).
 DEFAULT_CONFIG_CAP = 81
 
 
