@@ -23,6 +23,7 @@ from explorer.mesh import MeshSpec
 from explorer.pins import solver_pins
 from explorer.plan import Plan, make_plan
 from explorer.plan_build import unpriced_segments
+from explorer.plan_space import cut_rules
 from explorer.plan_types import InstanceChoice, SpaceOptions
 from explorer.segments import ProgramCount, program_count
 from explorer.solve import Frontier
@@ -63,10 +64,13 @@ class SegmentedStep:
         return self.block_analysis.blocks
 
     def _boundary_rules(self) -> tuple[str, ...]:
-        """The boundary rules that changed how this segmentation's boundaries are placed
-        (`space.changed_boundary_rules`), recorded in its plans: computed here, where few
-        plans are made; an `Analysis` computes them once."""
-        return changed_boundary_rules(self.graph, self.blocks, self.segments, self.mesh)
+        """The boundary and cut rules that changed how this segmentation's boundaries are
+        placed (`space.changed_boundary_rules`, `plan_space.cut_rules`), recorded in its
+        plans: computed here, where few plans are made; an `Analysis` computes them once."""
+        boundaries = changed_boundary_rules(self.graph, self.blocks, self.segments, self.mesh)
+        return boundaries + cut_rules(
+            self.graph, self.block_analysis, self.segments, self.space.config_cap
+        )
 
     @property
     def program_counts(self) -> ProgramCount:
@@ -259,7 +263,8 @@ class Analysis(SegmentedStep):
     frontier_store: Path | None = None
     # bytes: every frontier's, where the space is too wide to solve exactly (`analyze`)
     memory_resolution: int = 0
-    # `space.changed_boundary_rules` of the segmentation, recorded in every plan made here
+    # `space.changed_boundary_rules` and `plan_space.cut_rules` of the segmentation, recorded
+    # in every plan made here
     boundary_rules: tuple[str, ...] = ()
 
     def _boundary_rules(self) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from explorer.cost import build_cost_model
 from explorer.errors import InputError
 from explorer.frontier_store import frontier_store_path, solve_kept
 from explorer.mesh import MeshLike
-from explorer.plan_space import cut_cap, space_options
+from explorer.plan_space import cut_cap, cut_rules, space_options
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
 from explorer.space import changed_boundary_rules, step_space
 from explorer.trace import ArgRoles, trace, traced_again
@@ -221,5 +221,6 @@ def analyze(
         ),
         kept_at,
         resolution,
-        changed_boundary_rules(graph, blocks.blocks, segments, spec),
+        changed_boundary_rules(graph, blocks.blocks, segments, spec)
+        + cut_rules(graph, blocks, segments, space.config_cap),
     )

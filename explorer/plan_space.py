@@ -23,7 +23,7 @@ from explorer.blocks import build_blocks
 from explorer.ir import BlockAnalysis, Graph, Segmentation
 from explorer.mesh import MeshSpec
 from explorer.plan_types import PAPER_SPACE, UNRECORDED_CAP, Plan, SpaceOptions
-from explorer.segments import build_segments
+from explorer.segments import SKIPPING_FLOATS, build_segments
 from explorer.space import build_space, parameter_ids, step_space
 
 
@@ -56,6 +56,18 @@ def cut_cap(graph: Graph, blocks: BlockAnalysis, segments: Segmentation, cap: in
         return cap
     unrecorded = build_segments(graph, blocks, cap=UNRECORDED_CAP)
     return UNRECORDED_CAP if _cut(unrecorded) == _cut(segments) else cap
+
+
+def cut_rules(
+    graph: Graph, blocks: BlockAnalysis, segments: Segmentation, cap: int
+) -> tuple[str, ...]:
+    """The marks of the cut rules under which `graph`, cut under `cap` (the cap naming the
+    cut: `cut_cap`) in space `blocks`, falls into other segments than it did before them
+    (`segments.SKIPPING_FLOATS`). Recorded with the boundary rules in the plans made there:
+    a plan document from before the rule names the same strategies and cap, but its whole
+    step was cut otherwise, so the two must not share the key it is kept under."""
+    before = build_segments(graph, blocks, cap=cap, floats_only=False)
+    return () if _cut(before) == _cut(segments) else (SKIPPING_FLOATS,)
 
 
 def _cut(segments: Segmentation) -> tuple[object, ...]:

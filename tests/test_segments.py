@@ -18,11 +18,13 @@ from explorer.errors import ConfigCapError
 from explorer.ir import BlockAnalysis, Config, Graph, Segmentation
 from explorer.layouts import instance_dependencies
 from explorer.mesh import make_mesh, mesh_spec
+from explorer.plan_space import cut_rules
 from explorer.platforms import load_platform
 from explorer.profile.hlo import parse_collectives
 from explorer.profile.runner import profile_all
 from explorer.realize import reshard_program, segment_program
 from explorer.segments import (
+    SKIPPING_FLOATS,
     build_segments,
     check_config_cap,
     program_count,
@@ -552,3 +554,66 @@ def test_a_segmentation_a_boundary_rule_changed_is_marked_for_its_plans() -> Non
     paper = step_space(graph, spec)
     plain = build_segments(graph, paper, cap=256)  # as its kept whole steps were cut
     assert changed_boundary_rules(graph, paper.blocks, plain, spec) == ()
+
+
+def test_a_dropout_key_does_not_decide_where_a_span_over_the_cap_is_cut() -> None:
+    """BERT-large (2 layers, batch 2) on 2x4 with whole-mesh strategies: the fused QKV
+    projection, the scores (`bqhd,bkhd->bhqk`) and their product with the values take 5 x 7 x
+    7 configurations, over the cap of 81, so the span is cut once. The rule before counted
+    the dropout key read past the first cut (8 bytes of integers, replicated under every
+    strategy) as a skipping tensor, and cut between the scores and the product instead, past
+    the values `v` the projection made: the scores block, last before that cut, has no
+    layout for them, so the boundary replicated them and even the flat Megatron plan
+    gathered them (BERT-large b8 on 2x8: 194.1 ms against 139.2 uncut). Counting floats
+    only, the cut falls after the projection, which fewer bytes cross, and the values cross
+    as it made them. What still moves under that plan is the projection's cotangent: the
+    later part assembles it from the scores' and the product's cotangents (padded into place
+    and summed, ops JAX does not link to a forward op, so they go with their terms), and the
+    scores block has no layout for its shape. A plan of the new cut is marked (`cut_rules`),
+    so it is not kept under the key of the old cut's plan."""
+    model = ex.models.build("bert", "bert_large", layers=2, batch=2, abstract=True)
+    spec = mesh_spec((2, 4))
+    graph = ex.trace(model.step, *model.args)
+    space = step_space(graph, spec, whole_mesh=True)
+    blocks = space.blocks
+    flat = ("N@x+y", "E@x+y", "E@x+y", "K@x+y", "N@x+y", "K@x+y")  # the layer's Megatron plan
+
+    def moved_inside_layer(segmentation: Segmentation) -> list[tuple[int, ...]]:
+        layer = [
+            b for i in segmentation.instances if i.label.startswith("layer_0") for b in i.blocks
+        ]
+        assert len(layer) == len(flat)
+        choice = {
+            b: [s.name for s in blocks[b].strategies].index(n)
+            for b, n in zip(layer, flat, strict=True)
+        }
+        shapes = []
+        for b, instance in enumerate(segmentation.instances[:-1]):
+            after = segmentation.instances[b + 1]
+            if not (instance.label.startswith("layer_0") and after.label.startswith("layer_0")):
+                continue
+            moves = boundary_moves(
+                graph,
+                blocks,
+                segmentation,
+                b,
+                spec,
+                last_choice=choice[instance.blocks[-1]],
+                first_choice=choice[after.blocks[0]],
+            )
+            shapes += [graph.values[v].type.shape for v, _, _ in changed_moves(graph, moves)]
+        return shapes
+
+    new = build_segments(graph, space, cap=81)
+    old = build_segments(graph, space, cap=81, floats_only=False)
+    layer_parts = lambda s: [i.blocks for i in s.instances if i.label.startswith("layer_0")]  # noqa: E731
+    assert layer_parts(old) == [(0, 1), (2,), (3,), (4, 5)]
+    assert layer_parts(new) == [(0,), (1, 2), (3,), (4, 5)]
+    v_shape = (2, 512, 16, 64)  # batch, sequence, heads, head dim
+    qkv_shape = (2, 512, 16, 3, 64)  # the fused projection's result
+    assert sorted(moved_inside_layer(old)) == sorted([v_shape, qkv_shape])
+    assert moved_inside_layer(new) == [qkv_shape]
+    assert cut_rules(graph, space, new, 81) == (SKIPPING_FLOATS,)
+    assert cut_rules(graph, space, old, 81) == ()  # the rule before cut it so
+    paper = step_space(graph, spec)  # nothing skips where the paper's space is cut at 81
+    assert cut_rules(graph, paper, build_segments(graph, paper, cap=81), 81) == ()

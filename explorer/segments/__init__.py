@@ -30,10 +30,12 @@ from explorer.segments.count import (
     check_config_cap,
     program_count,
 )
+from explorer.segments.cover import SKIPPING_FLOATS
 from explorer.segments.fingerprints import TRIVIAL
 
 __all__ = [
     "DEFAULT_CONFIG_CAP",
+    "SKIPPING_FLOATS",
     "TRIVIAL",
     "ProgramCount",
     "build_segments",

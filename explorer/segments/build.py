@@ -23,22 +23,28 @@ from explorer.segments.structure import _structural_groups
 
 
 def build_segments(
-    graph: Graph, analysis: BlockAnalysis, cap: int = DEFAULT_CONFIG_CAP
+    graph: Graph,
+    analysis: BlockAnalysis,
+    cap: int = DEFAULT_CONFIG_CAP,
+    *,
+    floats_only: bool = True,
 ) -> Segmentation:
     """Cut the step into segment instances and unique types (see the module doc).
 
     Two cuts are tried: by the user's top-level scopes, and by structure (repeats of block
     fingerprints, ops assigned by their dependencies). Any type whose sub-space exceeds `cap`
-    configurations is split at the block boundary the fewest bytes cross. The cut that needs
-    fewer programs (Eq. 7) wins; scopes on a tie, so named layers keep their names.
+    configurations is split at a block boundary no tensor skips over if there is one, else
+    where the fewest bytes cross (`cover._cap_cuts`, which says what `floats_only` is). The
+    cut that needs fewer programs (Eq. 7) wins; scopes on a tie, so named layers keep their
+    names.
     """
     forward = [op for op in graph.ops if op.role is Role.FORWARD]
     candidates: list[Segmentation] = []
     groups, _ = _scope_groups(graph, analysis, forward)
     if sum(1 for g in groups if g.blocks) >= 2:
-        split = _split_scope_groups(graph, analysis, groups, cap)
+        split = _split_scope_groups(graph, analysis, groups, cap, floats_only=floats_only)
         candidates.append(_segmentation(graph, analysis, split, "scopes"))
-    structural = _structural_groups(graph, analysis, forward, cap)
+    structural = _structural_groups(graph, analysis, forward, cap, floats_only=floats_only)
     candidates.append(_segmentation(graph, analysis, structural, "repeats"))
     return min(candidates, key=lambda s: program_count(s, analysis).total)
 
@@ -94,7 +100,8 @@ def _segmentation(
         notes.append(
             "split over the configuration cap: "
             + ", ".join(sorted({g.label for g in groups if g.part == 1}))
-            + " and their repeats are cut at the block boundary the fewest bytes cross"
+            + " and their repeats are cut at a block boundary no tensor skips over, else where"
+            + " the fewest bytes cross"
         )
     return Segmentation(
         instances=instances,

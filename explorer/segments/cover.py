@@ -8,14 +8,26 @@ import math
 
 from explorer.ir import BlockAnalysis, Graph, Role
 
+# Marks a plan whose cut changed when `_cap_cuts` stopped counting tensors other than floats
+# as skipping a cut (`plan_space.cut_rules`).
+SKIPPING_FLOATS = "skipping-floats-22"
+
 
 def _cap_cuts(
-    graph: Graph, analysis: BlockAnalysis, members: list[int], cap: int
+    graph: Graph, analysis: BlockAnalysis, members: list[int], cap: int, *, floats_only: bool
 ) -> tuple[int, ...]:
     """Offsets (in blocks) where a span over `cap` configurations is cut, recursively: at a
     block boundary no earlier tensor skips over if there is one (a residual stream crossing
-    a cut makes the far side depend on the near side's strategy), then where Eq. 7 counts the
-    fewest programs, then where the fewest bytes cross."""
+    a cut makes the far side depend on the near side's strategy), then where the fewest
+    bytes cross, then where Eq. 7 counts the fewest programs.
+
+    Only floats count as skipping: activations are what strategies split. A dropout key (8
+    bytes of integers) is replicated under every strategy, so a cut it skips moves nothing
+    for it. Counted (`floats_only=False`, the rule before `SKIPPING_FLOATS`), it was all
+    that told apart the two cuts of BERT's attention on whole-mesh strategies (projection |
+    scores, scores | product), and it chose the second, which more bytes cross: the values
+    `v` the projection made, which the scores block, last before that cut, has no layout
+    for, so the boundary replicated them (gathered forward, and their cotangent backward)."""
     blocks = analysis.blocks
     sizes = [max(1, len(blocks[b].strategies)) for b in members]
     if math.prod(sizes) <= cap or len(members) < 2:
@@ -45,6 +57,7 @@ def _cap_cuts(
                     producer is not None
                     and producer < lo
                     and graph.ops[producer].role is Role.FORWARD
+                    and (_floating(graph.values[vid].type.dtype) or not floats_only)
                 ):
                     skipping += graph.values[vid].type.nbytes
         # the programs this cut costs by Eq. 7: both sides, and the pairs across it
@@ -54,9 +67,14 @@ def _cap_cuts(
             best = (key, k)
     assert best is not None
     k = best[1]
-    left = _cap_cuts(graph, analysis, members[:k], cap)
-    right = _cap_cuts(graph, analysis, members[k:], cap)
+    left = _cap_cuts(graph, analysis, members[:k], cap, floats_only=floats_only)
+    right = _cap_cuts(graph, analysis, members[k:], cap, floats_only=floats_only)
     return (*left, k, *(k + c for c in right))
+
+
+def _floating(dtype: str) -> bool:
+    """Whether `dtype` (as `TensorType` names it: "float32", "bfloat16", ...) is a float."""
+    return "float" in dtype
 
 
 def _pieces(
@@ -67,12 +85,13 @@ def _pieces(
     symbols: list[str],
     cuts: dict[tuple[str, ...], tuple[int, ...]],
     cap: int,
+    floats_only: bool,
 ) -> list[list[int]]:
     """`members` cut under `cap`; every repeat of a unit (its blocks' fingerprints) is cut
     where its first one was (`cuts` remembers)."""
     unit = tuple(symbols[b] for b in members)
     if unit not in cuts:
-        cuts[unit] = _cap_cuts(graph, analysis, members, cap)
+        cuts[unit] = _cap_cuts(graph, analysis, members, cap, floats_only=floats_only)
     edges = (0, *cuts[unit], len(members))
     return [members[a:b] for a, b in itertools.pairwise(edges)]
 

@@ -56,14 +56,22 @@ def _scope_groups(
 
 
 def _split_scope_groups(
-    graph: Graph, analysis: BlockAnalysis, groups: list[_Group], cap: int
+    graph: Graph, analysis: BlockAnalysis, groups: list[_Group], cap: int, *, floats_only: bool
 ) -> list[_Group]:
     """Scope groups whose sub-space exceeds `cap`, split like structural spans."""
     symbols = [_block_signature(graph, b) for b in analysis.blocks]
     cuts: dict[tuple[str, ...], tuple[int, ...]] = {}
     result: list[_Group] = []
     for group in groups:
-        pieces = _pieces(graph, analysis, group.blocks, symbols=symbols, cuts=cuts, cap=cap)
+        pieces = _pieces(
+            graph,
+            analysis,
+            group.blocks,
+            symbols=symbols,
+            cuts=cuts,
+            cap=cap,
+            floats_only=floats_only,
+        )
         if len(pieces) == 1:
             result.append(group)
             continue

@@ -26,7 +26,7 @@ from explorer.segments.loops import (
 
 
 def _structural_groups(
-    graph: Graph, analysis: BlockAnalysis, forward: list[OpNode], cap: int
+    graph: Graph, analysis: BlockAnalysis, forward: list[OpNode], cap: int, *, floats_only: bool
 ) -> list[_Group]:
     """Instances from structure alone: the block sequence covered by tandem repeats of block
     fingerprints, spans over the cap split, then every forward op assigned by dependency."""
@@ -39,7 +39,13 @@ def _structural_groups(
     cuts: dict[tuple[str, ...], tuple[int, ...]] = {}
     for start, end in spans:
         pieces = _pieces(
-            graph, analysis, list(range(start, end)), symbols=symbols, cuts=cuts, cap=cap
+            graph,
+            analysis,
+            list(range(start, end)),
+            symbols=symbols,
+            cuts=cuts,
+            cap=cap,
+            floats_only=floats_only,
         )
         for k, members in enumerate(pieces):
             parts.append((members, k + 1 if len(pieces) > 1 else 0))
