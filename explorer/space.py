@@ -391,6 +391,7 @@ def wanted_layout(
     mesh: MeshSpec | None,
     *,
     owned_first: bool = True,
+    ancestors: bool = True,
 ) -> DimAxes:
     """The layout `block` under `strategy` wants a tensor of `value`'s shape to arrive in.
 
@@ -403,7 +404,12 @@ def wanted_layout(
     input (split on the hidden dim) where the block holds it whole, so it was sliced where
     made, gathered again where read, and gathered by the block's own backward dots besides.
     `mesh=None` keeps the rule before tracing (`produced_layout`), which had no owned step
-    either (`alpa.symbolic`'s per-configuration prices use it).
+    either (`alpa.symbolic`'s per-configuration prices use it). Last, where none of those
+    lays the value out, the tensors an operand was sliced or reshaped from
+    (`_operand_ancestor_layout`): the fused QKV projection's cotangent, handed back to the
+    projection past the scores block, arrives as the scores read the `q` and `k` sliced
+    from it. `ancestors=False` is the rule before (`ancestors_changes`): it crossed
+    replicated, gathered where the later segment made it.
     """
     if owned_first and mesh is not None:
         own = block.layout_of(value)
@@ -413,7 +419,42 @@ def wanted_layout(
     for operand in block.operand_layouts:
         if graph.values[operand.layout.value].type.shape == shape:
             return dim_axes(graph, ValueLayout(value, operand.layout.dims), strategy)
-    return produced_layout(graph, block, strategy, value, mesh)
+    found = _produced_or_none(graph, block, strategy, value, mesh)
+    if found is None and ancestors and mesh is not None:
+        found = _operand_ancestor_layout(graph, block, strategy, value, mesh)
+    return found if found is not None else ((),) * len(shape)
+
+
+def _operand_ancestor_layout(
+    graph: Graph, block: ParallelBlock, strategy: Strategy, value: int, mesh: MeshSpec
+) -> DimAxes | None:
+    """The layout of a tensor of `value`'s shape that one of the block's operands was made
+    from, within `TRACE_DEPTH` single-operand ops that carry the operand's split back
+    exactly (`AffineMap.split_source`): `q` sliced from the fused QKV projection's result
+    says how that result, and so its cotangent, is split. None where no such tensor is."""
+    shape = graph.values[value].type.shape
+    for operand in block.operand_layouts:
+        current = operand.layout.value
+        layout = dim_axes(graph, operand.layout, strategy)
+        for _ in range(TRACE_DEPTH):
+            producer = graph.producer(current)
+            position = _single_operand(graph, producer) if producer is not None else None
+            if producer is None or position is None:
+                break
+            maps = affine.traced_op_maps(producer)
+            op_map = maps[position] if maps is not None else None
+            parent = producer.inputs[position]
+            moved = (
+                _carried(layout, op_map, graph.values[parent].type.rank, mesh, forward=False)
+                if op_map is not None
+                else None
+            )
+            if moved is None:
+                break
+            if graph.values[parent].type.shape == shape:
+                return moved
+            current, layout = parent, moved
+    return None
 
 
 def produced_layout(
@@ -430,6 +471,18 @@ def produced_layout(
     which needs `mesh`'s axis sizes), as the placement lays those ops out; else it is
     replicated. `mesh=None` keeps the rule before tracing (`tracing_changes` compares the
     two; `alpa.symbolic` still prices with it: no boundary of the paper's space differs)."""
+    found = _produced_or_none(graph, block, strategy, value, mesh)
+    return found if found is not None else ((),) * graph.values[value].type.rank
+
+
+def _produced_or_none(
+    graph: Graph,
+    block: ParallelBlock,
+    strategy: Strategy,
+    value: int,
+    mesh: MeshSpec | None,
+) -> DimAxes | None:
+    """`produced_layout`, None where it would replicate for want of a layout."""
     own = block.layout_of(value)
     if own is not None:
         return dim_axes(graph, own, strategy)
@@ -438,12 +491,8 @@ def produced_layout(
         if graph.values[layout.value].type.shape == shape:
             return dim_axes(graph, ValueLayout(value, layout.dims), strategy)
     if mesh is not None:
-        found = _traced_layout(
-            graph, block, strategy, value, mesh, seen=frozenset({value}), depth=0
-        )
-        if found is not None:
-            return found
-    return ((),) * len(shape)
+        return _traced_layout(graph, block, strategy, value, mesh, seen=frozenset({value}), depth=0)
+    return None
 
 
 # How many ops apart a boundary value and the block's own value may be for `_traced_layout`.
@@ -568,12 +617,13 @@ def boundary_moves(
     last_choice: int,
     first_choice: int,
     owned_first: bool = True,
+    ancestors: bool = True,
 ) -> tuple[tuple[int, DimAxes, DimAxes], ...]:
     """What crosses boundary `boundary`, as (value, from layout, to layout), both directions.
 
     Forward: the previous instance's last block produced the activation; the next instance's
     first block wants it. Backward: the cotangent goes the opposite way. (`mesh`: see
-    `produced_layout`; `owned_first`: see `wanted_layout`.)
+    `produced_layout`; `owned_first`, `ancestors`: see `wanted_layout`.)
     """
     crossing = segmentation.boundaries[boundary]
     before = segmentation.instances[boundary]
@@ -594,7 +644,9 @@ def boundary_moves(
             return replicated_for(vid)
         block = blocks[after.blocks[0]]
         strategy = block.strategies[first_choice]
-        return wanted_layout(graph, block, strategy, vid, mesh, owned_first=owned_first)
+        return wanted_layout(
+            graph, block, strategy, vid, mesh, owned_first=owned_first, ancestors=ancestors
+        )
 
     forward = tuple((v, produced(v), wanted(v)) for v in crossing.forward)
     backward = tuple((v, wanted(v), produced(v)) for v in crossing.backward)
@@ -610,9 +662,14 @@ def tracing_changes(
 ) -> bool:
     """Whether, for some pair of strategies, tracing (`produced_layout`) lays out a value
     crossing `boundary` otherwise than the rule before it did (both without owned values
-    first, which `owned_first_changes` marks apart)."""
+    first, which `owned_first_changes` marks apart, and without operands' ancestors)."""
     return _rule_changes(
-        graph, blocks, segmentation, boundary, now=(mesh, False), before=(None, False)
+        graph,
+        blocks,
+        segmentation,
+        boundary,
+        now=(mesh, False, False),
+        before=(None, False, False),
     )
 
 
@@ -626,7 +683,32 @@ def owned_first_changes(
     """Whether, for some pair of strategies, a value crossing `boundary` is laid out
     otherwise now that a block's own values come first (`wanted_layout`) than before."""
     return _rule_changes(
-        graph, blocks, segmentation, boundary, now=(mesh, True), before=(mesh, False)
+        graph,
+        blocks,
+        segmentation,
+        boundary,
+        now=(mesh, True, False),
+        before=(mesh, False, False),
+    )
+
+
+def ancestors_changes(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    segmentation: Segmentation,
+    boundary: int,
+    mesh: MeshSpec,
+) -> bool:
+    """Whether, for some pair of strategies, a value crossing `boundary` is laid out
+    otherwise now that a block lays out what it has no layout for as the tensors its
+    operands were sliced from (`wanted_layout`) than before."""
+    return _rule_changes(
+        graph,
+        blocks,
+        segmentation,
+        boundary,
+        now=(mesh, True, True),
+        before=(mesh, True, False),
     )
 
 
@@ -641,6 +723,9 @@ TRACED_BOUNDARIES = "traced-20"
 # `owned_first_changes`: the residual stream's cotangent an output projection hands back is
 # where the projection made it, not split like its input.
 OWNED_BOUNDARIES = "owned-21"
+# `ancestors_changes`: the fused QKV projection's cotangent, handed back past the scores
+# block, was replicated there and now arrives split as the scores read `q` and `k`.
+ANCESTOR_BOUNDARIES = "ancestors-22"
 
 
 def changed_boundary_rules(
@@ -654,7 +739,11 @@ def changed_boundary_rules(
     may compile to another whole step than it did before the rule. Read at each pair of
     types' first boundary (`pair_boundaries`): the others move the same tensors."""
     boundaries = sorted(set(pair_boundaries(segmentation).values()))
-    checks = ((TRACED_BOUNDARIES, tracing_changes), (OWNED_BOUNDARIES, owned_first_changes))
+    checks = (
+        (TRACED_BOUNDARIES, tracing_changes),
+        (OWNED_BOUNDARIES, owned_first_changes),
+        (ANCESTOR_BOUNDARIES, ancestors_changes),
+    )
     return tuple(
         mark
         for mark, changes in checks
@@ -668,14 +757,16 @@ def _rule_changes(
     segmentation: Segmentation,
     boundary: int,
     *,
-    now: tuple[MeshSpec | None, bool],
-    before: tuple[MeshSpec | None, bool],
+    now: tuple[MeshSpec | None, bool, bool],
+    before: tuple[MeshSpec | None, bool, bool],
 ) -> bool:
-    """Whether two boundary rules, each `(mesh, owned_first)` as `boundary_moves` takes
-    them, move some value crossing `boundary` differently for some pair of strategies."""
+    """Whether two boundary rules, each `(mesh, owned_first, ancestors)` as `boundary_moves`
+    takes them, move some value crossing `boundary` differently for some pair of strategies."""
 
-    def moves(last: int, first: int, rule: tuple[MeshSpec | None, bool]) -> tuple[object, ...]:
-        mesh, owned_first = rule
+    def moves(
+        last: int, first: int, rule: tuple[MeshSpec | None, bool, bool]
+    ) -> tuple[object, ...]:
+        mesh, owned_first, ancestors = rule
         return boundary_moves(
             graph,
             blocks,
@@ -685,6 +776,7 @@ def _rule_changes(
             last_choice=last,
             first_choice=first,
             owned_first=owned_first,
+            ancestors=ancestors,
         )
 
     return any(

@@ -33,8 +33,10 @@ from explorer.profile.cache import ProgramKey
 from explorer.profile.hlo import Collective
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
+    ANCESTOR_BOUNDARIES,
     OWNED_BOUNDARIES,
     TRACED_BOUNDARIES,
+    ancestors_changes,
     boundary_moves,
     changed_moves,
     owned_first_changes,
@@ -164,6 +166,8 @@ class _Context:
                 program_hash += f":{TRACED_BOUNDARIES}"
             if self._owned_boundaries(instance.index):
                 program_hash += f":{OWNED_BOUNDARIES}"
+            if self._either_boundary(instance.index, ancestors_changes):
+                program_hash += f":{ANCESTOR_BOUNDARIES}"
             for choices, context in itertools.product(space, contexts):
                 names = configuration_name(
                     blocks, instance.blocks, tuple(choices), depends, context
