@@ -443,14 +443,12 @@ def _operand_ancestor_layout(
                 break
             maps = affine.traced_op_maps(producer)
             op_map = maps[position] if maps is not None else None
+            if op_map is None:
+                break  # an op the affine analysis does not know
             parent = producer.inputs[position]
-            moved = (
-                _carried(layout, op_map, graph.values[parent].type.rank, mesh, forward=False)
-                if op_map is not None
-                else None
-            )
+            moved = _carried(layout, op_map, graph.values[parent].type.rank, mesh, forward=False)
             if moved is None:
-                break
+                break  # some split does not carry back exactly
             if graph.values[parent].type.shape == shape:
                 return moved
             current, layout = parent, moved
