@@ -23,11 +23,11 @@ from explorer.mesh import MeshSpec
 from explorer.pins import solver_pins
 from explorer.plan import Plan, make_plan
 from explorer.plan_build import unpriced_segments
-from explorer.plan_space import cut_rules
+from explorer.plan_space import plan_rules
 from explorer.plan_types import InstanceChoice, SpaceOptions
 from explorer.segments import ProgramCount, program_count
 from explorer.solve import Frontier
-from explorer.space import changed_boundary_rules, config_count, reshard_signatures
+from explorer.space import config_count, reshard_signatures
 from explorer.units import BytesLike, parse_bytes
 
 if TYPE_CHECKING:
@@ -67,9 +67,8 @@ class SegmentedStep:
         """The boundary and cut rules that changed how this segmentation's boundaries are
         placed (`space.changed_boundary_rules`, `plan_space.cut_rules`), recorded in its
         plans: computed here, where few plans are made; an `Analysis` computes them once."""
-        boundaries = changed_boundary_rules(self.graph, self.blocks, self.segments, self.mesh)
-        return boundaries + cut_rules(
-            self.graph, self.block_analysis, self.segments, self.space.config_cap
+        return plan_rules(
+            self.graph, self.block_analysis, self.segments, self.mesh, self.space.config_cap
         )
 
     @property

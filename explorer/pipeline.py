@@ -18,9 +18,9 @@ from explorer.cost import build_cost_model
 from explorer.errors import InputError
 from explorer.frontier_store import frontier_store_path, solve_kept
 from explorer.mesh import MeshLike
-from explorer.plan_space import cut_cap, cut_rules, space_options
+from explorer.plan_space import cut_cap, plan_rules, space_options
 from explorer.segments import DEFAULT_CONFIG_CAP, build_segments
-from explorer.space import changed_boundary_rules, step_space
+from explorer.space import step_space
 from explorer.trace import ArgRoles, trace, traced_again
 from explorer.units import BytesLike, parse_bytes
 
@@ -221,6 +221,5 @@ def analyze(
         ),
         kept_at,
         resolution,
-        changed_boundary_rules(graph, blocks.blocks, segments, spec)
-        + cut_rules(graph, blocks, segments, space.config_cap),
+        plan_rules(graph, blocks, segments, spec, space.config_cap),
     )

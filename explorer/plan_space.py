@@ -24,7 +24,7 @@ from explorer.ir import BlockAnalysis, Graph, Segmentation
 from explorer.mesh import MeshSpec
 from explorer.plan_types import PAPER_SPACE, UNRECORDED_CAP, Plan, SpaceOptions
 from explorer.segments import SKIPPING_FLOATS, build_segments
-from explorer.space import build_space, parameter_ids, step_space
+from explorer.space import build_space, changed_boundary_rules, parameter_ids, step_space
 
 
 def space_options(
@@ -68,6 +68,15 @@ def cut_rules(
     step was cut otherwise, so the two must not share the key it is kept under."""
     before = build_segments(graph, blocks, cap=cap, floats_only=False)
     return () if _cut(before) == _cut(segments) else (SKIPPING_FLOATS,)
+
+
+def plan_rules(
+    graph: Graph, blocks: BlockAnalysis, segments: Segmentation, mesh: MeshSpec, cap: int
+) -> tuple[str, ...]:
+    """What a plan of this segmentation records of the rules that changed its program: the
+    boundary rules (`space.changed_boundary_rules`), then the cut rules (`cut_rules`)."""
+    boundaries = changed_boundary_rules(graph, blocks.blocks, segments, mesh)
+    return boundaries + cut_rules(graph, blocks, segments, cap)
 
 
 def _cut(segments: Segmentation) -> tuple[object, ...]:
