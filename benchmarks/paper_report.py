@@ -28,6 +28,7 @@ from benchmarks.paper_grid import (
 from benchmarks.paper_pending import PendingCase, pending_table
 from benchmarks.quality import geomean
 from explorer.mesh import mesh_spec
+from explorer.profile.compile_flags import FAST_COMPILE_FLAG, compile_flags
 
 
 def _plans_by_case(frame: pd.DataFrame) -> Iterator[tuple[str, dict[str, dict[Any, Any]]]]:
@@ -475,12 +476,17 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
     frame.to_csv(run.out / "paper.csv", index=False)  # the run's rows; the best is derived
     frame, losses = with_best_of_spaces(frame, run.losses)
     minutes = (time.perf_counter() - run.started) / 60
+    # flags that change what XLA emits change every figure: the command says which were set
+    flags = compile_flags()
+    others = [f for f in flags if f != FAST_COMPILE_FLAG]
     command = (
         "python -m explorer bench --paper"
         + (" --quick" if run.quick else "")
         + (f" --only '{','.join(run.only)}'" if run.only is not None else "")
         + (f" --jobs {run.jobs}" if run.jobs > 1 else "")
         + (f" --config-cap {run.config_cap}" if run.config_cap is not None else "")
+        + (" --fast-compile" if FAST_COMPILE_FLAG in flags else "")
+        + (f" (XLA_FLAGS: {' '.join(others)})" if others else "")
     )
     state = (
         f"in {minutes:.1f} minutes"

@@ -36,6 +36,7 @@ from explorer.profile import backends, runner
 from explorer.profile.accounting import MemoryAccounting
 from explorer.profile.buffers import Schedule
 from explorer.profile.cache import ProfileCache
+from explorer.profile.compile_flags import FAST_COMPILE_FLAG
 from explorer.profile.compile_workers import CompileWorkers
 from explorer.profile.hlo import CollectiveKind, parse_collectives
 from explorer.profile.profiles import Profiles, ReshardProfile, SegmentProfile
@@ -56,6 +57,19 @@ def _tiny_gpt(layers: int = 2) -> tuple[Graph, BlockAnalysis, Segmentation]:
 
 
 _STORE = ProfileCache(SHARED_CACHE)  # compiled profiles are platform-free: compile once
+
+
+def _tiny_gpt_programs_to_compile(cache: ProfileCache | None) -> int:
+    """How many programs of `_tiny_gpt()`'s space on mesh 4 `cache` lacks."""
+    graph, analysis, segmentation = _tiny_gpt()
+    return runner.programs_to_compile(
+        graph,
+        analysis,
+        segmentation,
+        mesh_spec((4,)),
+        platform=load_platform("a100-pcie-8"),
+        cache=cache,
+    )
 
 
 def _profiles(platform: str = "a100-pcie-8", scale: float = 1.0) -> pd.DataFrame:
@@ -370,19 +384,8 @@ def test_compiled_profiles_cover_every_layer_configuration_and_boundary() -> Non
 
 
 def test_programs_to_compile_are_the_distinct_programs_the_cache_lacks(tmp_path: Path) -> None:
-    graph, analysis, segmentation = _tiny_gpt()
     profiled = _typed_profiles()  # every program of the space, in the shared store
-
-    def to_compile(cache: ProfileCache | None) -> int:
-        return runner.programs_to_compile(
-            graph,
-            analysis,
-            segmentation,
-            mesh_spec((4,)),
-            platform=load_platform("a100-pcie-8"),
-            cache=cache,
-        )
-
+    to_compile = _tiny_gpt_programs_to_compile
     programs = {p.program for p in profiled.entries if p.program}
     assert to_compile(None) == len(programs) == profiled.programs < len(profiled.entries)
     assert to_compile(_STORE) == 0
@@ -394,6 +397,24 @@ def test_programs_to_compile_are_the_distinct_programs_the_cache_lacks(tmp_path:
                 partial.put(record)
         assert to_compile(partial) == 2
         assert len(partial) == len(programs) - 2  # asking compiled and stored nothing
+
+
+def test_profiles_compiled_under_other_xla_flags_are_never_read_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """XLA reads `XLA_FLAGS` once and a flag there can change the optimised HLO
+    (`compile_flags`): every program of the space cached under this suite's flags is a miss
+    under `--fast-compile`'s, and flags the compile options override change no key."""
+    _typed_profiles()  # every program of the space, in the shared store
+    every = _tiny_gpt_programs_to_compile(None)
+    flags = os.environ.get("XLA_FLAGS", "")
+    assert _tiny_gpt_programs_to_compile(_STORE) == 0
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_backend_optimization_level=3")
+    # overridden by `backends.FAST_COMPILE`: the same programs
+    assert _tiny_gpt_programs_to_compile(_STORE) == 0
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} {FAST_COMPILE_FLAG}")
+    assert runner.program_version(mesh_spec((4,))).endswith(f"+xla({FAST_COMPILE_FLAG})")
+    assert _tiny_gpt_programs_to_compile(_STORE) == every > 0
 
 
 def test_profiles_are_typed_records_and_their_frame_is_the_table_shown() -> None:

@@ -13,6 +13,7 @@ another process), `lowering` (accelerator lowering rules on the CPU).
 from explorer._jax_compat.compile import (
     CompiledText,
     CompileRequest,
+    backends_started,
     compile_from_request,
     compile_request,
     read_executable,
@@ -49,6 +50,7 @@ __all__ = [
     "FlatProgram",
     "LoopIteration",
     "LoopRegion",
+    "backends_started",
     "compile_from_request",
     "compile_request",
     "dtype_name",

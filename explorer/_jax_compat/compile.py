@@ -155,3 +155,11 @@ def read_executable(executable: Any) -> CompiledText:
         cost=None if cost is None else {k: float(v) for k, v in cost.items()},
         memory=memory,
     )
+
+
+def backends_started() -> bool:
+    """Whether this process has started a JAX backend: XLA has then read `XLA_FLAGS`, and
+    setting them changes nothing here."""
+    from jax._src import xla_bridge
+
+    return bool(xla_bridge.backends_are_initialized())

@@ -30,6 +30,7 @@ from explorer.profile.accounting import (
 )
 from explorer.profile.backends import MEASURED_VERSION, Backend
 from explorer.profile.cache import ProgramKey
+from explorer.profile.compile_flags import flags_mark
 from explorer.profile.hlo import Collective
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
@@ -67,10 +68,11 @@ MULTI_AXIS_VERSION = "leader-19"
 
 
 def program_version(mesh: MeshSpec) -> str:
-    """The version of the programs built on `mesh` (a key part of profiles and evaluations)."""
-    if len(mesh.axes) == 1:
-        return PROGRAM_VERSION
-    return f"{PROGRAM_VERSION}+{MULTI_AXIS_VERSION}"
+    """The version of the programs built on `mesh` (a key part of profiles and evaluations),
+    with the XLA flags they are compiled under where any can change them (`compile_flags`)."""
+    version = PROGRAM_VERSION if len(mesh.axes) == 1 else f"{PROGRAM_VERSION}+{MULTI_AXIS_VERSION}"
+    mark = flags_mark()
+    return f"{version}+{mark}" if mark else version
 
 
 @dataclass(frozen=True, slots=True)
