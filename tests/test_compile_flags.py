@@ -114,11 +114,11 @@ def test_fast_compile_reaches_xla_here_and_in_the_compile_workers() -> None:
     said = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert said["here"] == said["worker"] == said["options"]
     assert said["version"].endswith(f"+xla({FAST_COMPILE_FLAG})")
-    default = fused_bytes_accessed()
+    default = _fused_bytes_accessed()
     assert float(said["here"]) != default
 
 
-def fused_bytes_accessed() -> float:
+def _fused_bytes_accessed() -> float:
     """The scatter's bytes accessed as this process (no `--fast-compile`) compiles it."""
     cost = _embedding_gradient().compile(compiler_options=dict(FAST_COMPILE)).cost_analysis()
     return float(cost["bytes accessed"])
