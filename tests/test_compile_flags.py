@@ -18,6 +18,7 @@ from explorer.profile.compile_flags import (
     FAST_COMPILE_FLAG,
     compile_flags,
     flags_mark,
+    measured_flags_mark,
     with_fast_compile,
 )
 
@@ -39,6 +40,23 @@ def test_the_flags_kept_are_those_the_compile_options_do_not_set() -> None:
     assert flags_mark({"XLA_FLAGS": given}) == (
         f"xla(--xla_cpu_enable_fast_math=true {FAST_COMPILE_FLAG})"
     )
+
+
+def test_a_measured_key_keeps_the_flags_the_compile_options_override() -> None:
+    """A measured program is compiled without `FAST_COMPILE`: an optimisation level given in
+    `XLA_FLAGS` changes how fast it runs, so its key carries the flag (sorted, deduplicated)."""
+    given = (
+        "--xla_llvm_disable_expensive_passes=true --xla_force_host_platform_device_count=8 "
+        "--xla_backend_optimization_level=0 --xla_cpu_enable_fast_math=true "
+        "--xla_backend_optimization_level=0"
+    )
+    assert measured_flags_mark({"XLA_FLAGS": given}) == (
+        "xla(--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true)"
+    )
+    assert measured_flags_mark({"XLA_FLAGS": "--xla_cpu_enable_fast_math=true"}) == ""
+    assert measured_flags_mark({}) == ""
+    level_3 = {"XLA_FLAGS": "--xla_backend_optimization_level=3"}
+    assert measured_flags_mark(level_3) != measured_flags_mark({"XLA_FLAGS": given})
 
 
 def test_fast_compile_replaces_a_value_given_for_its_flag_and_keeps_the_others() -> None:

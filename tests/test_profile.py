@@ -605,7 +605,8 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs(tmp_path: P
     """Eight virtual CPU devices: real runs, and the dynamic limit records what it cut. A
     resharding is never cut: its neighbours' strategies force it, it does not compete.
     Measured profiles are kept under the measured backend's version (what they hold: times
-    less the launch), so profiles timed the old way are not read back as new ones."""
+    less the launch), so profiles timed the old way are not read back as new ones, and under
+    the XLA flags only a measured compile obeys."""
     chosen = ("M@x,M@x,M@x,M@x", "K@x,K@x,K@x,K@x", "N@x,K@x,N@x,K@x")
     with ProfileCache(tmp_path / "profiles.sqlite") as cache:
         profiles = _measured_tiny_gpt(
@@ -619,6 +620,10 @@ def test_measured_runs_on_the_devices_and_abandons_hopeless_programs(tmp_path: P
     with sqlite3.connect(tmp_path / "profiles.sqlite") as db:
         extras = [row[0] for row in db.execute("select extra from profiles")]
     assert extras and all(e.endswith(f":{backends.MEASURED_VERSION}") for e in extras)
+    # the suite's optimisation level, which the compiled backend's options override, is what
+    # a measured program runs at: its key says so
+    suite_level = "--xla_backend_optimization_level=0"
+    assert all(f"+xla({suite_level} " in e for e in extras), extras[:2]
     assert backends.launch_time(tuple(jax.devices())) > 0
     assert sorted(p.config for p in profiles.segments) == sorted(chosen)
     first, *rest = profiles.segments

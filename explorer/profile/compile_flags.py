@@ -8,6 +8,8 @@ compiled under other flags are never read back as these.
 Two kinds of flag are left out of that version. The virtual device count: the mesh is in every
 key already. And a flag the compiled backend's own options set (`backends.FAST_COMPILE`): the
 option overrides it, so it changes nothing (the test suite sets the same ones in `XLA_FLAGS`).
+A measured profile is compiled without those options, so there such a flag does change what
+runs (an optimisation level changes the time): its key carries them (`measured_flags_mark`).
 
 `FAST_COMPILE_FLAG` (the command line's `--fast-compile`) has XLA:CPU emit its fusions with the
 loop emitters instead of the fusion emitters: compiling takes a half to a third of the time, and
@@ -43,6 +45,15 @@ def compile_flags(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
 def flags_mark(environ: Mapping[str, str] | None = None) -> str:
     """What the flags add to a program's version: nothing where there are none."""
     flags = compile_flags(environ)
+    return f"xla({' '.join(flags)})" if flags else ""
+
+
+def measured_flags_mark(environ: Mapping[str, str] | None = None) -> str:
+    """What a measured program's key adds to `flags_mark`: the flags of `XLA_FLAGS` the compiled
+    backend's options override, which a measured compile (without those options) obeys."""
+    given = (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
+    named = {f"--{option}" for option in FAST_COMPILE}
+    flags = sorted({flag for flag in given if _name(flag) in named})
     return f"xla({' '.join(flags)})" if flags else ""
 
 

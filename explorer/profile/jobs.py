@@ -30,7 +30,7 @@ from explorer.profile.accounting import (
 )
 from explorer.profile.backends import MEASURED_VERSION, Backend
 from explorer.profile.cache import ProgramKey
-from explorer.profile.compile_flags import flags_mark
+from explorer.profile.compile_flags import flags_mark, measured_flags_mark
 from explorer.profile.hlo import Collective
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
@@ -141,7 +141,9 @@ class _Context:
         # are cached platform-free and priced when read, so switching platforms is instant.
         platform = "*" if self.backend is Backend.COMPILED else self.platform_id
         if self.backend is Backend.MEASURED:
-            extra = f"{extra}:{MEASURED_VERSION}"
+            # compiled without the options that override these flags: they change the time
+            mark = measured_flags_mark()
+            extra = f"{extra}+{mark}:{MEASURED_VERSION}" if mark else f"{extra}:{MEASURED_VERSION}"
         return ProgramKey(
             segment=segment,
             config=config,
