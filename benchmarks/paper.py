@@ -94,7 +94,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     for space in WIDER_SPACES:
         wider = _with_wider_space(
             run, case, platform, space, plans=plans, notes=notes, gpu=gpu, step=step, args=args,
-            traced=analysis.graph,
+            paper=analysis,
         )  # fmt: skip
         if wider is not None:
             costs[space.row] = costs[space.gpu_row] = wider.cost
@@ -244,26 +244,35 @@ def _with_wider_space(
     gpu: dict[str, Any],
     step: Any,
     args: Any,
-    traced: Any,
+    paper: Any,
 ) -> WiderAnalysis | None:
     """CFP over a space wider than the paper's: its plan within the device memory
     (`space.row`) and the one XLA:GPU's memory chooses (`space.gpu_row`), added to `plans`
     (their XLA:GPU memory to `gpu`); the analysis and its search cost, as `run_case` reports
     it.
-    `traced` is the step's graph from the paper space's analysis, not traced again.
+    `paper` is the paper space's analysis: its graph is the step, not traced again.
     None where the space is the paper's (a 2-D widening on a 1-D mesh, the batch-outer
-    space where the batch splits over every device), or where the run
+    space where the batch splits over every device, another cap that cuts the step as the
+    run's does), or where the run
     keeps to the cache ("kept") and the cache lacks a program of that space, or where the
     space's frontier is too large to solve (the report's "Not run" says so)."""
     from explorer.errors import FrontierTooLargeError, ProfilingCancelled
     from explorer.mesh import mesh_spec
     from explorer.pipeline import analyze
+    from explorer.plan_space import cuts_alike
+    from explorer.segments import build_segments
     from explorer.space import step_blocks
 
+    traced = paper.graph
     if (space.two_d_only and len(case.mesh) == 1) or run.wider.get(space.row) == "off":
         return None
     if space.batch_outer and not step_blocks(traced, mesh_spec(case.mesh), batch_outer=True).primed:
         return None  # no block primes a role: the batch splits over every device already
+    cap = space.config_cap or run.segment_cap()
+    if space.config_cap is not None and cuts_alike(
+        build_segments(traced, paper.block_analysis, cap=cap), paper.segments
+    ):
+        return None  # the same segments: the same programs, the paper space's plan
     capacity = platform.device.memory_bytes
     cancel = threading.Event()
     if run.wider.get(space.row) != "compile":
@@ -284,7 +293,7 @@ def _with_wider_space(
             batch_outer=space.batch_outer,
             memory_resolution=memory_resolution,
             traced=traced,
-            config_cap=run.segment_cap(),
+            config_cap=cap,
         )
 
     try:

@@ -45,22 +45,35 @@ class WiderSpace:
     shard_parameters: bool = False  # `analyze`'s switches
     whole_mesh: bool = False
     batch_outer: bool = False
+    # the paper's strategies, cut under `analyze`'s default cap instead of the run's
+    default_cap: bool = False
 
     @property
     def gpu_row(self) -> str:
         return f"{self.row}_gpu"
 
     @property
-    def switch(self) -> str:
-        """The `analyze` keyword that builds the space."""
+    def config_cap(self) -> int | None:
+        """The cap the space's step is cut under; None: the run's."""
+        if not self.default_cap:
+            return None
+        from explorer.segments import DEFAULT_CONFIG_CAP  # (imports JAX: not at module level)
+
+        return DEFAULT_CONFIG_CAP
+
+    @property
+    def keyword(self) -> str:
+        """The `analyze` keyword that builds the space, as the report writes it."""
+        if self.default_cap:
+            return f"config_cap={self.config_cap}"
         if self.shard_parameters:
-            return "shard_parameters"
-        return "batch_outer" if self.batch_outer else "whole_mesh"
+            return "shard_parameters=True"
+        return "batch_outer=True" if self.batch_outer else "whole_mesh=True"
 
     @property
     def two_d_only(self) -> bool:
         """Whether on a 1-D mesh the space is the paper's (the case then has no rows)."""
-        return not self.shard_parameters
+        return not (self.shard_parameters or self.default_cap)
 
 
 WIDER_SPACES = (
@@ -93,6 +106,18 @@ WIDER_SPACES = (
         "inner one, beside the paper's strategies (where the paper's rule splits the "
         "sequence over the outer axis instead); on other cases the space is the paper's",
         batch_outer=True,
+    ),
+    WiderSpace(
+        row="cfp_default_cap",
+        flag="--default-cap",
+        title="CFP with the paper's space cut at the default cap",
+        about="the paper's strategies, the step cut into segments under `analyze`'s default "
+        "cap on their configurations instead of the run's: under a smaller cap, finer "
+        "segments, whose neighbouring parts of one layer may take configurations one coarser "
+        "segment could not combine, "
+        "each priced and applied with its own boundaries (the two cuts' spaces do not contain "
+        "each other); where that cap cuts the step as the run's does, the space is the paper's",
+        default_cap=True,
     ),
 )
 

@@ -369,7 +369,7 @@ def _wider_space_lines(
     """The report's section on one of CFP's wider spaces, where some case has it."""
     wider = as_cfp(frame, space.row) if "plan" in frame else frame.iloc[0:0]
     about = (
-        f"The same cases with CFP searching a larger space (`analyze(..., {space.switch}=True)`, "
+        f"The same cases with CFP searching another space (`analyze(..., {space.keyword})`, "
         f"`{space.flag}`): {space.about}. The CFP plan here is that space's; the baselines are "
         f"the same rows as above. {wider['case'].nunique() if not wider.empty else 0} of "
         f"{done} cases have it."
@@ -392,9 +392,10 @@ def _best_lines(frame: pd.DataFrame, done: int, losses: list[dict[str, Any]]) ->
     best = as_cfp(frame, BEST_ROW) if "plan" in frame else frame.iloc[0:0]
     about = (
         "Per case, the plan CFP predicts fastest among its spaces' plans: the paper's space "
-        "and each wider one profiled for the case (the sections above; on a 1-D mesh, and for "
-        "the batch on the outer axis where the batch splits over every device, a wider space "
-        "is the paper's). "
+        "and each wider one profiled for the case (the sections above; on a 1-D mesh, for "
+        "the batch on the outer axis where the batch splits over every device, and for the "
+        "default cap where it cuts the step as the run's cap does, a wider space is the "
+        "paper's). "
         "Each space's plan is the fastest it predicts within the device memory; the fastest "
         "predicted of them is chosen, by prediction alone, as a user comparing the spaces "
         "would choose (`space` names it). Each space's prediction is of its own cut of the "

@@ -165,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cfp_outer_gpu); without it the report shows them where the cache holds that space",
     )
     bench.add_argument(
+        "--default-cap",
+        action="store_true",
+        help="with --paper and another --config-cap: also profile CFP's paper space cut at "
+        "analyze's default cap (rows cfp_default_cap, cfp_default_cap_gpu) where that cuts the "
+        "step otherwise; without it the report shows them where the cache holds that space",
+    )
+    bench.add_argument(
         "--config-cap",
         default=None,
         help=f"with --paper: {CONFIG_CAP_HELP}; the report's command line says so (write it "
@@ -511,6 +518,7 @@ def _bench(args: argparse.Namespace) -> int:
         ("--shard-parameters", args.shard_parameters),
         ("--whole-mesh", args.whole_mesh),
         ("--batch-outer", args.batch_outer),
+        ("--default-cap", args.default_cap),
     ):
         if given and not args.paper:
             raise InputError(f"{flag} is for paper cases: expected it with --paper, found it alone")
@@ -530,6 +538,7 @@ def _bench(args: argparse.Namespace) -> int:
                 "cfp_zero": "compile" if args.shard_parameters else "kept",
                 "cfp_whole": "compile" if args.whole_mesh else "kept",
                 "cfp_outer": "compile" if args.batch_outer else "kept",
+                "cfp_default_cap": "compile" if args.default_cap else "kept",
             },
             jobs=int(args.jobs),
             config_cap=cap,

@@ -79,6 +79,12 @@ def plan_rules(
     return boundaries + cut_rules(graph, blocks, segments, cap)
 
 
+def cuts_alike(first: Segmentation, second: Segmentation) -> bool:
+    """Whether two cuts of one step apply alike (`_cut`): the same segments, ops and
+    boundaries, so a plan priced in one runs as it would in the other."""
+    return _cut(first) == _cut(second)
+
+
 def _cut(segments: Segmentation) -> tuple[object, ...]:
     """What applying a plan reads of its segments (`layouts.place`): each instance's blocks
     and ops, which segment each op is in, and the tensors crossing each boundary."""

@@ -335,6 +335,43 @@ def test_a_wider_space_refused_exactly_is_solved_approximately_and_reported_so(
         assert section == "Nowhere among the cases done."
 
 
+def test_the_default_cap_space_is_searched_where_it_cuts_the_step_otherwise(
+    tmp_path: Path,
+) -> None:
+    """A run at another cap also searches the paper's strategies cut at `analyze`'s default
+    cap: its own programs, plan and whole step, and the best over spaces picks between the
+    two cuts by prediction alone. At the default cap itself the space is the paper's and
+    has no rows."""
+    from explorer.segments import DEFAULT_CONFIG_CAP
+
+    case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=8, paper_batch=True, layers=1)
+    only_cap = {space.row: "off" for space in WIDER_SPACES} | {"cfp_default_cap": "compile"}
+    report = run_paper(
+        False, out=tmp_path / "fine", cache=SHARED_CACHE, cases=[case], log=print,
+        wider=only_cap, config_cap=9,
+    )  # fmt: skip
+    frame = pd.read_csv(tmp_path / "fine" / "paper.csv")
+    paper, other = (frame[frame["plan"] == row].iloc[0] for row in ("cfp", "cfp_default_cap"))
+    # cut at 9 the layer's blocks are segments of their own; at the default cap they are not
+    assert 0 < paper["programs"] and 0 < other["programs"]
+    assert paper["programs"] != other["programs"]
+    assert other["evaluated_s"] > 0 and math.isfinite(other["predicted_s"])
+    text = report.read_text()
+    section = text.split("## CFP with the paper's space cut at the default cap")[1]
+    assert f"`analyze(..., config_cap={DEFAULT_CONFIG_CAP})`" in section.split("\n\n")[1]
+    best = best_of_spaces(frame).set_index("plan").loc["cfp_best"]
+    fastest = min((paper, other), key=lambda row: row["predicted_s"])
+    assert best["predicted_s"] == fastest["predicted_s"]
+    assert best["space"] == ("paper" if fastest is paper else "default-cap")
+
+    run_paper(
+        False, out=tmp_path / "default", cache=SHARED_CACHE, cases=[case], log=print,
+        wider=only_cap,
+    )  # fmt: skip
+    plans = set(pd.read_csv(tmp_path / "default" / "paper.csv")["plan"])
+    assert "cfp" in plans and not plans & {"cfp_default_cap", "cfp_default_cap_gpu"}
+
+
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(
     tmp_path: Path,
 ) -> None:
