@@ -252,8 +252,8 @@ def _with_wider_space(
     it.
     `paper` is the paper space's analysis: its graph is the step, not traced again.
     None where the space is the paper's (a 2-D widening on a 1-D mesh, the batch-outer
-    space where the batch splits over every device, another cap that cuts the step as the
-    run's does), or where the run
+    space where the batch splits over every device), or the same space the run's cap gives
+    (another cap that cuts the step alike), or where the run
     keeps to the cache ("kept") and the cache lacks a program of that space, or where the
     space's frontier is too large to solve (the report's "Not run" says so)."""
     from explorer.errors import FrontierTooLargeError, ProfilingCancelled
@@ -261,7 +261,7 @@ def _with_wider_space(
     from explorer.pipeline import analyze
     from explorer.plan_space import cuts_alike
     from explorer.segments import build_segments
-    from explorer.space import step_blocks
+    from explorer.space import step_blocks, step_space
 
     traced = paper.graph
     if (space.two_d_only and len(case.mesh) == 1) or run.wider.get(space.row) == "off":
@@ -269,10 +269,17 @@ def _with_wider_space(
     if space.batch_outer and not step_blocks(traced, mesh_spec(case.mesh), batch_outer=True).primed:
         return None  # no block primes a role: the batch splits over every device already
     cap = space.config_cap or run.segment_cap()
-    if space.config_cap is not None and cuts_alike(
-        build_segments(traced, paper.block_analysis, cap=cap), paper.segments
-    ):
-        return None  # the same segments: the same programs, the paper space's plan
+    if space.config_cap is not None:
+        blocks = step_space(
+            traced,
+            mesh_spec(case.mesh),
+            whole_mesh=space.whole_mesh,
+            shard_parameters=space.shard_parameters,
+            batch_outer=space.batch_outer,
+        )
+        run_cut = build_segments(traced, blocks, cap=run.segment_cap())
+        if cuts_alike(build_segments(traced, blocks, cap=cap), run_cut):
+            return None  # the same segments: the same programs and plan as at the run's cap
     capacity = platform.device.memory_bytes
     cancel = threading.Event()
     if run.wider.get(space.row) != "compile":

@@ -45,7 +45,7 @@ class WiderSpace:
     shard_parameters: bool = False  # `analyze`'s switches
     whole_mesh: bool = False
     batch_outer: bool = False
-    # the paper's strategies, cut under `analyze`'s default cap instead of the run's
+    # cut under `analyze`'s default cap instead of the run's
     default_cap: bool = False
 
     @property
@@ -62,18 +62,22 @@ class WiderSpace:
         return DEFAULT_CONFIG_CAP
 
     @property
+    def name(self) -> str:
+        """The space as the report's `space` column names it: its bench flags."""
+        return "+".join(flag.lstrip("-") for flag in self.flag.split())
+
+    @property
     def keyword(self) -> str:
-        """The `analyze` keyword that builds the space, as the report writes it."""
-        if self.default_cap:
-            return f"config_cap={self.config_cap}"
-        if self.shard_parameters:
-            return "shard_parameters=True"
-        return "batch_outer=True" if self.batch_outer else "whole_mesh=True"
+        """The `analyze` keywords that build the space, as the report writes them."""
+        switches = ("shard_parameters", "whole_mesh", "batch_outer")
+        given = [f"{switch}=True" for switch in switches if getattr(self, switch)]
+        cap = [f"config_cap={self.config_cap}"] if self.default_cap else []
+        return ", ".join(given + cap)
 
     @property
     def two_d_only(self) -> bool:
         """Whether on a 1-D mesh the space is the paper's (the case then has no rows)."""
-        return not (self.shard_parameters or self.default_cap)
+        return self.whole_mesh or self.batch_outer
 
 
 WIDER_SPACES = (
@@ -117,6 +121,26 @@ WIDER_SPACES = (
         "segment could not combine, "
         "each priced and applied with its own boundaries (the two cuts' spaces do not contain "
         "each other); where that cap cuts the step as the run's does, the space is the paper's",
+        default_cap=True,
+    ),
+    WiderSpace(
+        row="cfp_zero_default_cap",
+        flag="--shard-parameters --default-cap",
+        title="CFP with ZeRO twins, cut at the default cap",
+        about="the ZeRO twins' space above, the step cut into segments under `analyze`'s "
+        "default cap instead of the run's; where that cap cuts it as the run's does, the "
+        "space is the one above",
+        shard_parameters=True,
+        default_cap=True,
+    ),
+    WiderSpace(
+        row="cfp_whole_default_cap",
+        flag="--whole-mesh --default-cap",
+        title="CFP with whole-mesh strategies, cut at the default cap",
+        about="the whole-mesh space above, the step cut into segments under `analyze`'s "
+        "default cap instead of the run's; where that cap cuts it as the run's does, the "
+        "space is the one above",
+        whole_mesh=True,
         default_cap=True,
     ),
 )

@@ -288,7 +288,7 @@ def judged_on_gpu(frame: pd.DataFrame, chosen: str = "cfp_gpu") -> pd.DataFrame:
 
 
 # CFP's rows of each space it may search: the paper's, then the wider ones, in that order
-_SPACE_ROWS = {"cfp": "paper", **{space.row: space.flag.lstrip("-") for space in WIDER_SPACES}}
+_SPACE_ROWS = {"cfp": "paper", **{space.row: space.name for space in WIDER_SPACES}}
 BEST_ROW = "cfp_best"
 BEST_GPU_ROW = "cfp_best_gpu"
 
@@ -394,8 +394,8 @@ def _best_lines(frame: pd.DataFrame, done: int, losses: list[dict[str, Any]]) ->
         "Per case, the plan CFP predicts fastest among its spaces' plans: the paper's space "
         "and each wider one profiled for the case (the sections above; on a 1-D mesh, for "
         "the batch on the outer axis where the batch splits over every device, and for the "
-        "default cap where it cuts the step as the run's cap does, a wider space is the "
-        "paper's). "
+        "default cap where it cuts the step as the run's cap does, a wider space is one "
+        "already searched). "
         "Each space's plan is the fastest it predicts within the device memory; the fastest "
         "predicted of them is chosen, by prediction alone, as a user comparing the spaces "
         "would choose (`space` names it). Each space's prediction is of its own cut of the "

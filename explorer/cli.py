@@ -169,7 +169,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="with --paper and another --config-cap: also profile CFP's paper space cut at "
         "analyze's default cap (rows cfp_default_cap, cfp_default_cap_gpu) where that cuts the "
-        "step otherwise; without it the report shows them where the cache holds that space",
+        "step otherwise, and so each of --shard-parameters and --whole-mesh given (rows "
+        "cfp_zero_default_cap, cfp_whole_default_cap); without it the report shows them where "
+        "the cache holds that space",
     )
     bench.add_argument(
         "--config-cap",
@@ -539,6 +541,12 @@ def _bench(args: argparse.Namespace) -> int:
                 "cfp_whole": "compile" if args.whole_mesh else "kept",
                 "cfp_outer": "compile" if args.batch_outer else "kept",
                 "cfp_default_cap": "compile" if args.default_cap else "kept",
+                "cfp_zero_default_cap": "compile"
+                if args.default_cap and args.shard_parameters
+                else "kept",
+                "cfp_whole_default_cap": "compile"
+                if args.default_cap and args.whole_mesh
+                else "kept",
             },
             jobs=int(args.jobs),
             config_cap=cap,

@@ -353,7 +353,7 @@ def test_the_default_cap_space_is_searched_where_it_cuts_the_step_otherwise(
     frame = pd.read_csv(tmp_path / "fine" / "paper.csv")
     paper, other = (frame[frame["plan"] == row].iloc[0] for row in ("cfp", "cfp_default_cap"))
     # cut at 9 the layer's blocks are segments of their own; at the default cap they are not
-    assert 0 < paper["programs"] and 0 < other["programs"]
+    assert paper["programs"] > 0 and other["programs"] > 0
     assert paper["programs"] != other["programs"]
     assert other["evaluated_s"] > 0 and math.isfinite(other["predicted_s"])
     text = report.read_text()
