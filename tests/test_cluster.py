@@ -109,7 +109,11 @@ def _free_port() -> int:
 
 def _environment(devices: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARIABLES)}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # the suite's other XLA flags as well: a measured program is kept under the flags it ran
+    # with, and this process plans from the hosts' rows under the suite's
+    count = "--xla_force_host_platform_device_count"
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(count)]
+    env["XLA_FLAGS"] = " ".join([*flags, f"{count}={devices}"])
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = str(ROOT)
     return env
