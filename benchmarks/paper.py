@@ -270,14 +270,18 @@ def _with_wider_space(
         return None  # no block primes a role: the batch splits over every device already
     cap = space.config_cap or run.segment_cap()
     if space.config_cap is not None:
-        blocks = step_space(
-            traced,
-            mesh_spec(case.mesh),
-            whole_mesh=space.whole_mesh,
-            shard_parameters=space.shard_parameters,
-            batch_outer=space.batch_outer,
-        )
-        run_cut = build_segments(traced, blocks, cap=run.segment_cap())
+        widened = space.whole_mesh or space.shard_parameters or space.batch_outer
+        blocks = paper.block_analysis  # the paper's strategies: analysed at the run's cap
+        run_cut = paper.segments
+        if widened:
+            blocks = step_space(
+                traced,
+                mesh_spec(case.mesh),
+                whole_mesh=space.whole_mesh,
+                shard_parameters=space.shard_parameters,
+                batch_outer=space.batch_outer,
+            )
+            run_cut = build_segments(traced, blocks, cap=run.segment_cap())
         if cuts_alike(build_segments(traced, blocks, cap=cap), run_cut):
             return None  # the same segments: the same programs and plan as at the run's cap
     capacity = platform.device.memory_bytes

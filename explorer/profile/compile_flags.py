@@ -33,28 +33,36 @@ def _name(flag: str) -> str:
     return flag.split("=", 1)[0]
 
 
+# the flags the compiled backend's options set (`backends.FAST_COMPILE`)
+_OVERRIDDEN = frozenset(f"--{option}" for option in FAST_COMPILE)
+
+
+def _given(environ: Mapping[str, str] | None) -> list[str]:
+    """The flags of `XLA_FLAGS` in `environ`, by default this process's."""
+    return (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
+
+
+def _mark(flags: set[str]) -> str:
+    return f"xla({' '.join(sorted(flags))})" if flags else ""
+
+
 def compile_flags(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """The flags of `XLA_FLAGS` (in `environ`, by default this process's) that can change what
     XLA emits for a profile or an evaluation, sorted: every one but the device count and those
     the compile options set."""
-    given = (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
-    overridden = {f"--{option}" for option in FAST_COMPILE} | {_DEVICE_COUNT}
-    return tuple(sorted({flag for flag in given if _name(flag) not in overridden}))
+    left_out = _OVERRIDDEN | {_DEVICE_COUNT}
+    return tuple(sorted({flag for flag in _given(environ) if _name(flag) not in left_out}))
 
 
 def flags_mark(environ: Mapping[str, str] | None = None) -> str:
     """What the flags add to a program's version: nothing where there are none."""
-    flags = compile_flags(environ)
-    return f"xla({' '.join(flags)})" if flags else ""
+    return _mark(set(compile_flags(environ)))
 
 
 def measured_flags_mark(environ: Mapping[str, str] | None = None) -> str:
     """What a measured program's key adds to `flags_mark`: the flags of `XLA_FLAGS` the compiled
     backend's options override, which a measured compile (without those options) obeys."""
-    given = (os.environ if environ is None else environ).get("XLA_FLAGS", "").split()
-    named = {f"--{option}" for option in FAST_COMPILE}
-    flags = sorted({flag for flag in given if _name(flag) in named})
-    return f"xla({' '.join(flags)})" if flags else ""
+    return _mark({flag for flag in _given(environ) if _name(flag) in _OVERRIDDEN})
 
 
 def with_fast_compile(environ: MutableMapping[str, str]) -> None:
