@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import pickle
-import subprocess
 import tempfile
 import threading
 import time
@@ -46,6 +44,7 @@ from benchmarks.paper_grid import (
     paper_cases,
     select_cases,
 )
+from benchmarks.paper_pending import PendingCase
 from benchmarks.paper_report import write_report
 from benchmarks.quality import strategy_mix
 
@@ -63,8 +62,10 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         )
         return
     capacity = platform.device.memory_bytes
-    began = start = time.perf_counter()
-    step, args = case.build_step()
+    began = time.perf_counter()
+    traced = run.steps.of(case)  # traced here, or by the last case of the same step
+    step, args = traced.step, traced.args
+    start = time.perf_counter()
     analysis = analyze(
         step,
         *args,
@@ -73,8 +74,10 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
         cache=run.cache,
         progress=False,
         config_cap=run.segment_cap(),
+        traced=traced.graph,
     )
-    cost = _search_cost(analysis, time.perf_counter() - start)
+    # the trace's seconds count in every case of the step, as if each had traced it
+    cost = _search_cost(analysis, traced.trace_s + time.perf_counter() - start)
     run.frontiers_kept += analysis.frontier_kept
     plans: dict[str, Any] = {}
     notes: dict[str, str] = {}
@@ -618,28 +621,29 @@ def run_paper(
     run = PaperRun(quick, grid, out, cache, log, tuple(only) if only is not None else None)
     run.gpu_memory, run.wider, run.jobs = gpu_memory, dict(wider or {}), jobs
     run.config_cap = config_cap
+    # after a run of the full grid's cases chosen by `only`, what the rest would cost
+    left_out = () if cases is not None or quick else _left_out(run)
     if jobs == 1:
         _run_here(run, grid, readme)
+        if left_out:
+            _say_counting(run, left_out)
+            _count_here(run, left_out)
     else:
-        _run_in_processes(run, grid, readme, jobs)
-    if cases is None and not quick:
-        _count_pending(run)
+        _run_in_processes(run, grid, left_out, readme)
     report = write_report(run, finished=True, readme=readme)
     minutes = (time.perf_counter() - run.started) / 60
     log(f"paper grid: {len(run.done)} of {len(grid)} cases in {minutes:.1f} min")
     return report
 
 
-def _count_pending(run: PaperRun) -> None:
-    """What the grid's cases this run left out would cost: each one's programs, counted
-    without compiling (a few seconds a case), after the cases run have added theirs."""
-    from benchmarks.paper_pending import count_pending
+def _left_out(run: PaperRun) -> tuple[PaperCase, ...]:
+    """The grid's cases `run` does not run: each one's programs are counted without
+    compiling (a few seconds a case), after the cases run have added theirs."""
+    return tuple(case for case in paper_cases(run.quick) if case not in run.cases)
 
-    left_out = [case for case in paper_cases(run.quick) if case not in run.cases]
-    if left_out:
-        run.log(f"counting the programs of the {len(left_out)} cases not run")
-    for case in left_out:
-        run.pending.append(count_pending(case, run.cache, run.segment_cap()))
+
+def _say_counting(run: PaperRun, left_out: Sequence[PaperCase]) -> None:
+    run.log(f"counting the programs of the {len(left_out)} cases not run")
 
 
 @contextlib.contextmanager
@@ -679,51 +683,60 @@ def _run_here(run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None) -
             except Exception as err:
                 run.failed(case.label, err)
             count_hits(run, stores)
+            run.steps_traced = run.steps.traced
             write_report(run, finished=False, readme=readme)  # a stopped run says so
 
 
-def _run_in_processes(
-    run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None, jobs: int
-) -> None:
-    """`jobs` cases at a time, each in a `paper_worker` process; each result joins the run in
-    the grid's order, and the report is written after each (a stopped run says so)."""
-    from benchmarks.paper_worker import CaseRequest, CaseResult, start
+def _count_here(run: PaperRun, left_out: Sequence[PaperCase]) -> None:
+    """`_count_pending` in this process: the cases of one step one after another, so that
+    each step is traced once; `run.pending` keeps the grid's order."""
+    from benchmarks.paper_pending import count_pending
 
-    wider = tuple(sorted(run.wider.items()))
-    waiting = list(enumerate(grid))
-    running: dict[int, tuple[subprocess.Popen[bytes], Path]] = {}
-    finished: dict[int, CaseResult | str] = {}
-    joined = 0
-    with tempfile.TemporaryDirectory(prefix="paper-workers-") as folder:
-        try:
-            while joined < len(grid):
-                while waiting and len(running) < jobs:
-                    index, case = waiting.pop(0)
-                    run.log(f"== {case.label}")
-                    request = CaseRequest(
-                        run.quick, case, run.out, run.cache, run.gpu_memory, wider, run.config_cap
-                    )
-                    running[index] = start(request, Path(folder), f"case-{index}")
-                for index, (process, answer) in list(running.items()):
-                    if process.poll() is None:
-                        continue
-                    del running[index]
-                    finished[index] = (
-                        pickle.loads(answer.read_bytes())
-                        if process.returncode == 0 and answer.is_file()
-                        else f"its worker process exited with code {process.returncode}"
-                    )
-                while joined in finished:
-                    outcome = finished.pop(joined)
-                    if isinstance(outcome, CaseResult):
-                        outcome.add_to(run)
-                    else:
-                        run.failed(grid[joined].label, RuntimeError(outcome))
-                    joined += 1
-                    write_report(run, finished=False, readme=readme)
-                if running:
-                    time.sleep(0.2)
-        finally:  # stopped (Ctrl-C, say): no worker outlives the run
-            for process, _ in running.values():
-                process.kill()
-                process.wait()
+    first: dict[tuple[Any, ...], int] = {}
+    for case in left_out:
+        first.setdefault(case.step_key, len(first))
+    counted = {
+        case: count_pending(case, run.cache, run.segment_cap(), run.steps)
+        for case in sorted(left_out, key=lambda case: first[case.step_key])
+    }
+    run.pending += [counted[case] for case in left_out]
+    run.steps_traced = run.steps.traced
+
+
+def _run_in_processes(
+    run: PaperRun,
+    grid: tuple[PaperCase, ...],
+    left_out: Sequence[PaperCase],
+    readme: Path | None,
+) -> None:
+    """`run.jobs` tasks at a time, by `paper_worker` processes that each keep the step they
+    traced last for the next case of it: first the cases, each joining the run in the grid's
+    order as it and those before it finish (the report is written after each: a stopped run
+    says so), then the cases `left_out` are counted."""
+    from benchmarks.paper_worker import CaseResult, Task, WorkerPool, WorkerSettings
+
+    def joined(index: int, outcome: CaseResult | str) -> None:
+        if isinstance(outcome, CaseResult):
+            outcome.add_to(run)
+        else:
+            run.failed(grid[index].label, RuntimeError(outcome))
+        write_report(run, finished=False, readme=readme)
+
+    def counted(index: int, outcome: CaseResult | str) -> None:
+        if isinstance(outcome, CaseResult):
+            outcome.add_to(run)
+        else:
+            run.pending.append(PendingCase.of(left_out[index], error=outcome))
+
+    with (
+        tempfile.TemporaryDirectory(prefix="paper-workers-") as folder,
+        WorkerPool(WorkerSettings.of(run), run.jobs, Path(folder)) as pool,
+    ):
+        pool.run(
+            [Task(case) for case in grid],
+            joined,
+            started=lambda task: run.log(f"== {task.case.label}"),
+        )
+        if left_out:
+            _say_counting(run, left_out)
+            pool.run([Task(case, count=True) for case in left_out], counted)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.cases import REPORT_DIR, Case, build_step
+from benchmarks.paper_steps import StepTraces
 
 if TYPE_CHECKING:  # explorer is imported where a case runs, once XLA's device flags are set
     from benchmarks.paper_pending import PendingCase
@@ -192,6 +193,12 @@ class PaperCase:
             f"mesh {'x'.join(map(str, self.mesh))}"
         )
 
+    @property
+    def step_key(self) -> tuple[Any, ...]:
+        """What its step is built from: the cases of one step differ only in platform and
+        mesh, and share its trace (`paper_steps`)."""
+        return (self.model, self.preset, self.batch, self.layers, self.dtype)
+
     def build_step(self) -> tuple[Any, tuple[Any, ...]]:
         """The case's training step and its abstract arguments."""
         case = Case(
@@ -287,7 +294,10 @@ class PaperRun:
     # "kept" (the default) shows a case only where the cache holds every program of that
     # space (profiles nothing), "off" leaves that space out
     wider: dict[str, str] = field(default_factory=dict)
-    jobs: int = 1  # cases run at once, each in a process of its own (`paper_worker`)
+    jobs: int = 1  # cases run at once, by that many processes (`paper_worker`)
+    # the steps this process built and traced, the last one kept for the next case of it
+    steps: StepTraces = field(default_factory=StepTraces)
+    steps_traced: int = 0  # steps the run traced, in every process (the other cases reused one)
     # the grid's cases `--only` left out, each one's programs counted (`paper_pending`)
     pending: list[PendingCase] = field(default_factory=list)
     config_cap: int | None = None  # `analyze`'s cap on a segment's configurations (None: its own)

@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from benchmarks.paper_grid import PaperCase
+from benchmarks.paper_steps import StepTraces
 from explorer.mesh import mesh_spec
 
 
@@ -32,15 +33,27 @@ class PendingCase:
     to_compile: int  # those the profile cache lacks: what running it would compile
     error: str = ""  # why it could not be counted (then both counts are 0)
 
+    @staticmethod
+    def of(case: PaperCase, programs: int = 0, to_compile: int = 0, error: str = "") -> PendingCase:
+        return PendingCase(
+            case.label, case.preset, math.prod(case.mesh), case.batch, programs, to_compile, error
+        )
+
     @property
     def batch_splits(self) -> bool:
         """The batch splits over every device (else the layers take far more programs)."""
         return self.batch % self.devices == 0
 
 
-def count_pending(case: PaperCase, cache: Path, config_cap: int | None = None) -> PendingCase:
+def count_pending(
+    case: PaperCase,
+    cache: Path,
+    config_cap: int | None = None,
+    steps: StepTraces | None = None,
+) -> PendingCase:
     """`case`'s programs, and those `cache` lacks, found without compiling any (segments
-    cut at `config_cap` configurations, else at `analyze`'s default)."""
+    cut at `config_cap` configurations, else at `analyze`'s default). `steps` keeps the
+    step's trace for the next case of it (a case of a step traced before reuses it)."""
     from explorer.layouts import instance_dependencies
     from explorer.pipeline import analyze
     from explorer.platforms import load_platform
@@ -48,25 +61,19 @@ def count_pending(case: PaperCase, cache: Path, config_cap: int | None = None) -
     from explorer.profile.runner import programs_to_compile
     from explorer.segments import DEFAULT_CONFIG_CAP
 
-    devices = math.prod(case.mesh)
-
-    def pending(programs: int = 0, to_compile: int = 0, error: str = "") -> PendingCase:
-        return PendingCase(
-            case.label, case.preset, devices, case.batch, programs, to_compile, error
-        )
-
     try:
         platform = load_platform(case.platform)
-        step, args = case.build_step()
+        traced = (steps or StepTraces()).of(case)
         cap = config_cap or DEFAULT_CONFIG_CAP
         space = analyze(
-            step,
-            *args,
+            traced.step,
+            *traced.args,
             mesh=case.mesh,
             platform=platform,
             profile=False,
             progress=False,
             config_cap=cap,
+            traced=traced.graph,
         )
         found = (space.graph, space.block_analysis, space.segments, space.mesh)
         # placing the step to find them takes seconds at full depth: once for both counts
@@ -78,9 +85,9 @@ def count_pending(case: PaperCase, cache: Path, config_cap: int | None = None) -
             )
 
         with ProfileCache(cache) as kept:
-            return pending(count(None), count(kept))
+            return PendingCase.of(case, count(None), count(kept))
     except Exception as err:  # said in the report; the other cases are counted
-        return pending(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        return PendingCase.of(case, error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
 
 
 def seconds_per_program(done: pd.DataFrame, pending: PendingCase) -> tuple[float, str]:

@@ -490,6 +490,46 @@ def test_a_case_left_out_is_counted_by_tracing_it_and_compiling_nothing(tmp_path
     assert nowhere.error.startswith("PlatformError: platform: expected a preset name")
 
 
+def test_the_cases_of_one_step_share_its_trace_in_this_process_and_in_workers(
+    tmp_path: Path,
+) -> None:
+    """Three cases of two steps (one step on two meshes, another case between them): run
+    here, each step is traced once; run by two workers, the rows are the same, in the grid's
+    order. Counted by a worker, each step is traced once too, and the cases give what
+    counting here gives, in their order."""
+    from benchmarks.paper_worker import Task, WorkerPool, WorkerSettings
+
+    # programs of the seed's (profile_seed): nothing is profiled
+    shared = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=8, paper_batch=True, layers=2)
+    cases = [
+        shared,
+        dataclasses.replace(shared, layers=1),
+        dataclasses.replace(shared, mesh=(4,)),
+    ]
+    assert len({case.step_key for case in cases}) == 2
+    frames = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"jobs{jobs}"
+        report = run_paper(False, out=out, cache=SHARED_CACHE, cases=cases, log=print, jobs=jobs)
+        text = report.read_text()
+        assert "3 of 3 cases done; " in text and "## Failures\n\nNone." in text, text
+        if jobs == 1:
+            assert "3 of 3 cases done; 2 steps traced (" in text, text
+        frames[jobs] = pd.read_csv(out / "paper.csv")
+    assert list(frames[2]["case"].drop_duplicates()) == [case.label for case in cases]
+    pd.testing.assert_frame_equal(frames[1][_KEPT_COLUMNS], frames[2][_KEPT_COLUMNS])
+    here = [count_pending(case, SHARED_CACHE) for case in cases]
+    assert all(counted.programs > 0 and not counted.error for counted in here)
+    settings = WorkerSettings(False, tmp_path / "count", SHARED_CACHE, "kept", ())
+    results: list[Any] = []
+    with WorkerPool(settings, 1, tmp_path) as pool:
+        tasks = [Task(case, count=True) for case in cases]
+        pool.run(tasks, lambda index, result: results.append((index, result)))
+    assert [index for index, _ in results] == [0, 1, 2]
+    assert [result.pending for _, result in results] == [(counted,) for counted in here]
+    assert sum(result.steps_traced for _, result in results) == 2
+
+
 def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFixture[str]) -> None:
     from explorer.cli import main
 
