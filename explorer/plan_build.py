@@ -29,7 +29,12 @@ if TYPE_CHECKING:
 
 
 def model_fingerprint(graph: Graph) -> str:
-    """Identity of a traced step: every op, its params and its shapes, in order."""
+    """Identity of a traced step: every op, its params and its shapes, in order (hashed once
+    per graph: every plan made of it names it)."""
+    return graph.derived("model_fingerprint", _fingerprint)
+
+
+def _fingerprint(graph: Graph) -> str:
     hasher = hashlib.sha256()
     for op in graph.ops:
         hasher.update(repr((op.primitive, op.params, [str(t) for t in op.input_types])).encode())

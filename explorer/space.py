@@ -109,7 +109,11 @@ def step_blocks(graph: Graph, mesh: MeshSpec, *, batch_outer: bool = False) -> B
     """The step's ParallelBlocks on `mesh`, with primed roles for its outer axis if
     `batch_outer` (and the mesh has one: a 1-D mesh's blocks are the paper's)."""
     outer = mesh.shape[0] if batch_outer and 1 < mesh.shape[0] < mesh.size else None
-    return build_blocks(graph, mesh.size, outer)
+    # once per graph and split: every space and mesh of that many devices shares the blocks
+    return graph.derived(
+        f"blocks for {mesh.size} parts, outer {outer}",
+        lambda graph: build_blocks(graph, mesh.size, outer),
+    )
 
 
 def parameter_ids(graph: Graph) -> frozenset[int]:

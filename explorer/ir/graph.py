@@ -4,15 +4,17 @@ roles (forward, backward, optimizer)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 if TYPE_CHECKING:
     import networkx as nx
+
+_T = TypeVar("_T")
 
 
 class Role(StrEnum):
@@ -144,6 +146,7 @@ class Graph:
     input_notes: tuple[str, ...] = ()  # how the inputs' roles were decided (role_summary)
     _users: tuple[tuple[int, ...], ...] = field(default=(), init=False, compare=False, repr=False)
     _nx: Any = field(default=None, init=False, compare=False, repr=False)
+    _derived: dict[str, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for index, op in enumerate(self.ops):
@@ -197,6 +200,15 @@ class Graph:
     def contractions(self) -> Iterator[OpNode]:
         """The tensor contractions (`CONTRACTION_PRIMITIVES`), in program order."""
         return (op for op in self.ops if op.primitive in CONTRACTION_PRIMITIVES)
+
+    def derived(self, name: str, compute: Callable[[Graph], _T]) -> _T:
+        """`compute(self)`, computed once per graph under `name`: a fact derived from the
+        graph alone (which never changes), so the analyses of one step in several spaces and
+        on several meshes share it."""
+        if name not in self._derived:
+            self._derived[name] = compute(self)
+        found: _T = self._derived[name]
+        return found
 
     @property
     def nx(self) -> nx.MultiDiGraph:
