@@ -78,7 +78,7 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     )
     # the trace's seconds count in every case of the step, as if each had traced it
     cost = _search_cost(analysis, traced.trace_s + time.perf_counter() - start)
-    run.frontiers_kept += analysis.frontier_kept
+    _count_frontier(run, analysis)
     plans: dict[str, Any] = {}
     notes: dict[str, str] = {}
     fitting = [p.time for p in analysis.frontier.points if p.memory <= capacity]
@@ -150,6 +150,12 @@ def _cfp_plan(
             f"no plan fits {capacity / 2**30:.0f} GiB: the smallest predicted needs "
             f"{analysis.frontier.min_memory / 2**30:.1f} GiB"
         )
+
+
+def _count_frontier(run: PaperRun, analysis: Any) -> None:
+    """Whether `analysis` read its frontier back from the store or solved it."""
+    run.frontiers_kept += analysis.frontier_kept
+    run.computed["frontiers solved"] += not analysis.frontier_kept
 
 
 def _search_cost(analysis: Any, analyse_s: float) -> dict[str, Any]:
@@ -321,7 +327,7 @@ def _with_wider_space(
         run.skipped.append(f"{case.label}: {space.title}: {str(err).splitlines()[0]}")
         return None
     cost = _search_cost(analysis, time.perf_counter() - start)
-    run.frontiers_kept += analysis.frontier_kept
+    _count_frontier(run, analysis)
     mine: dict[str, Any] = {}
     _cfp_plan(analysis, space.row, capacity, plans=mine, notes=notes)
     gpu.update(
@@ -667,11 +673,15 @@ def open_stores(run: PaperRun) -> Iterator[tuple[Any, Any, Any]]:
 
 
 def count_hits(run: PaperRun, stores: tuple[Any, Any, Any]) -> None:
-    """What `open_stores`' stores have answered from what they kept, so far, on `run`."""
+    """What `open_stores`' stores have answered from what they kept, and what they were
+    given to keep (what the run computed), so far, on `run`."""
     evaluations, ilp_answers, gpu_memories = stores
     run.evaluations_kept = evaluations.hits
     run.ilp_answers_kept = ilp_answers.hits
     run.gpu_memories_kept = gpu_memories.hits
+    run.computed["whole steps compiled"] = evaluations.written
+    run.computed["Alpa ILP answers solved"] = ilp_answers.written
+    run.computed["XLA:GPU memory figures compiled"] = gpu_memories.written
 
 
 def _run_here(run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None) -> None:

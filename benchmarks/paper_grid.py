@@ -4,6 +4,7 @@ cases run in, and what a run has measured so far (`PaperRun`)."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,6 +284,9 @@ class PaperRun:
     evaluations_kept: int = 0  # whole-step evaluations read from the store, not compiled
     ilp_answers_kept: int = 0  # Alpa ILP answers read from their store, not solved
     frontiers_kept: int = 0  # CFP frontiers read from the frontier store, not solved
+    # what the run computed rather than read back, by kind ("whole steps compiled", ...):
+    # nothing, in a warm run
+    computed: Counter[str] = field(default_factory=Counter)
     evaluations: EvaluationStore | None = None  # where whole-step evaluations are kept
     # XLA:GPU's memory of each plan (`explorer.target_memory`): "compile" what is not kept, or
     # "kept" (show what an earlier run compiled, compile nothing: about a minute a plan)

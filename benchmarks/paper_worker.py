@@ -72,6 +72,7 @@ class CaseResult:
     gpu_memories_kept: int
     pending: tuple[Any, ...] = ()  # `PendingCase`s
     steps_traced: int = 0
+    computed: tuple[tuple[str, int], ...] = ()  # `PaperRun.computed`
 
     @staticmethod
     def of(run: PaperRun, steps_traced: int) -> CaseResult:
@@ -87,6 +88,7 @@ class CaseResult:
             gpu_memories_kept=run.gpu_memories_kept,
             pending=tuple(run.pending),
             steps_traced=steps_traced,
+            computed=tuple(run.computed.items()),
         )
 
     def add_to(self, run: PaperRun) -> None:
@@ -101,6 +103,7 @@ class CaseResult:
         run.gpu_memories_kept += self.gpu_memories_kept
         run.pending += self.pending
         run.steps_traced += self.steps_traced
+        run.computed.update(dict(self.computed))
 
 
 @dataclass(slots=True)

@@ -39,6 +39,7 @@ class KeptRows:
         )
         self._db.commit()
         self.hits = 0  # rows read back, for a report of what a run did not recompute
+        self.written = 0  # rows put: answers this run computed
 
     def get(self, key: tuple[str, ...], read: Callable[[dict[str, Any]], T]) -> T | None:
         """`read` of the fields kept under `key`; None when none are kept or they do not read
@@ -69,6 +70,7 @@ class KeptRows:
                 (*key, json.dumps(fields)),
             )
             self._db.commit()
+            self.written += 1
 
     def close(self) -> None:
         self._db.close()

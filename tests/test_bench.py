@@ -39,6 +39,7 @@ from benchmarks.paper_report import (
     goals,
     judged_on_gpu,
     unfitted,
+    warm_cost,
     with_best_of_spaces,
 )
 from benchmarks.quality import geomean, quality_summary
@@ -160,6 +161,39 @@ def test_the_cold_goal_adds_each_cases_profiling_and_names_the_batches_that_do_n
     assert done == [done[0]] and done[0].startswith("The grid cold in under 90 minutes on this "
                                                     "machine: met. ")  # fmt: skip
     assert cold_cost(frame[frame["plan"] == "dp"], grid_cases=2, cores=2) == []
+
+
+def test_the_warm_goal_is_judged_only_on_a_finished_run_that_computed_nothing() -> None:
+    columns = ["case", "plan", "programs", "programs_from_cache"]
+    frame = pd.DataFrame([
+        ("a", "cfp", 90, 90),
+        ("a", "cfp_gpu", 90, 0),  # the same space's plan on the GPU: not its own programs
+        ("a", "dp", math.nan, math.nan),
+        ("b", "cfp", 93, 93),
+        ("b", "cfp_whole", 400, 397),  # a wider space compiled 3
+    ], columns=columns)  # fmt: skip
+    nothing = {"whole steps compiled": 0, "frontiers solved": 0}
+    warm = frame[frame["plan"] != "cfp_whole"]
+    assert warm_cost(warm, 2.5, 2, counted=0, computed=nothing, finished=True) == (
+        "The grid warm in under 5 minutes: met. This run computed nothing (every program, "
+        "whole step, Alpa ILP answer, XLA:GPU memory figure and frontier read back) and took "
+        "2.5 minutes for 2 cases."
+    )
+    assert warm_cost(warm, 2.5, 3, counted=1, computed=nothing, finished=True) == (
+        "The grid warm in under 5 minutes: not met. This run computed nothing (every program, "
+        "whole step, Alpa ILP answer, XLA:GPU memory figure and frontier read back) and took "
+        '2.5 minutes for 2 of the grid\'s 3 cases, the 1 other counted (section "Not run") '
+        "(goal: the grid's 3 cases; the others' programs are not in the profile cache)."
+    )
+    assert ": not met. " in warm_cost(warm, 5.5, 2, counted=0, computed=nothing, finished=True)
+    solved = {"whole steps compiled": 4, "frontiers solved": 1}
+    assert warm_cost(frame, 2.5, 2, counted=0, computed=solved, finished=True) == (
+        "The grid warm in under 5 minutes: not judged: this run was not warm (3 programs "
+        "compiled, 4 whole steps compiled, 1 frontiers solved)."
+    )
+    assert warm_cost(warm, 1.0, 2, counted=0, computed=nothing, finished=False) == (
+        "The grid warm in under 5 minutes: not judged yet: the run has not finished."
+    )
 
 
 def test_cases_left_out_are_priced_by_the_cases_run_that_stand_for_them() -> None:
@@ -515,6 +549,10 @@ def test_the_cases_of_one_step_share_its_trace_in_this_process_and_in_workers(
         assert "3 of 3 cases done; " in text and "## Failures\n\nNone." in text, text
         if jobs == 1:
             assert "3 of 3 cases done; 2 steps traced (" in text, text
+        else:  # what the first run computed, its workers read back, and their counts say so
+            assert "- The grid warm in under 5 minutes: not met. This run computed nothing " in (
+                text
+            ), text
         frames[jobs] = pd.read_csv(out / "paper.csv")
     assert list(frames[2]["case"].drop_duplicates()) == [case.label for case in cases]
     pd.testing.assert_frame_equal(frames[1][_KEPT_COLUMNS], frames[2][_KEPT_COLUMNS])
