@@ -608,8 +608,9 @@ def run_paper(
     `wider` (by row of `WIDER_SPACES`): "compile" also profiles that space of CFP's (rows
     "cfp_zero" and "cfp_zero_gpu" for ZeRO twins, say), "kept" (the default) shows its rows
     where the profile cache holds that whole space, "off" leaves it out.
-    `jobs` runs that many cases at once, each in a process of its own (`paper_worker`): a
-    warm case keeps one core busy, so a warm run on N cores takes about 1/N of the time.
+    `jobs` runs that many cases at once, by as many worker processes (`paper_worker`), each
+    keeping the step it traced last for that step's other cases: a warm case keeps one core
+    busy, so a warm run on N cores takes about 1/N of the time.
     Cold, each process compiles with its own workers: more memory, no faster on 2 cores.
     The report is the same either way; rows keep the grid's order. `config_cap` is
     `analyze`'s for every CFP space (None: its default).

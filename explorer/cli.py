@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "--jobs",
         default="1",
-        help="with --paper: run this many cases at once, each in a process of its own (a "
+        help="with --paper: run this many cases at once, by as many worker processes (a "
         "warm regeneration on N cores takes about 1/N of the time; cold, more memory)",
     )
     args, rest = parser.parse_known_args(argv)

@@ -767,8 +767,8 @@ _KEPT_COLUMNS = [
 @pytest.mark.slow
 def test_the_committed_paper_report_is_what_its_kept_caches_give(tmp_path: Path) -> None:
     """The committed report's rows of two cases, computed again by this code from the
-    committed caches (copied: a test writes nothing into the repository), each case in a
-    process of its own (`jobs=2`, as a warm regeneration runs). A change to the engine that
+    committed caches (copied: a test writes nothing into the repository), by two worker
+    processes (`jobs=2`, as a warm regeneration runs). A change to the engine that
     moves a program, a plan or a price shows here, before the report goes stale."""
     committed = pd.read_csv(PAPER_DIR / "paper.csv")
     labels = [
