@@ -699,8 +699,9 @@ def _run_here(run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None) -
 
 
 def _count_here(run: PaperRun, left_out: Sequence[PaperCase]) -> None:
-    """`_count_pending` in this process: the cases of one step one after another, so that
-    each step is traced once; `run.pending` keeps the grid's order."""
+    """The cases `left_out` counted in this process (`paper_pending.count_pending`), those
+    of one step one after another so that each step is traced once; `run.pending` keeps
+    the grid's order."""
     from benchmarks.paper_pending import count_pending
 
     first: dict[tuple[Any, ...], int] = {}
