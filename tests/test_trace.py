@@ -154,3 +154,30 @@ def test_declared_arg_spec_gives_the_exact_mismatch() -> None:
 def test_non_array_argument_is_rejected() -> None:
     with pytest.raises(ArgumentMismatchError, match="found str"):
         ex.trace(_mlp_step, "weights", (), jnp.ones((3, 4)), jax.random.PRNGKey(0))
+
+
+def test_facts_derived_from_a_graph_are_found_once_per_graph_and_shared() -> None:
+    """What depends on the graph alone (the recomputed values, the blocks for a split, the
+    model fingerprint) is found once and shared by every space, cut and mesh of the step;
+    another graph finds its own."""
+    import dataclasses
+
+    from helpers import traced
+
+    from explorer.mesh import mesh_spec
+    from explorer.plan_build import model_fingerprint
+    from explorer.segments.recompute import recomputed_values
+    from explorer.space import step_blocks
+
+    _, _, graph = traced("gpt")
+    blocks = step_blocks(graph, mesh_spec((4,)))
+    assert step_blocks(graph, mesh_spec((2, 2))) is blocks  # four parts either way
+    outer = step_blocks(graph, mesh_spec((2, 2)), batch_outer=True)
+    assert outer is not blocks and outer.outer_parts == 2
+    assert step_blocks(graph, mesh_spec((8,))).parallelism == 8
+    assert recomputed_values(graph) is recomputed_values(graph)
+    assert model_fingerprint(graph) is model_fingerprint(graph)
+    again = dataclasses.replace(graph)  # equal, but another graph: nothing carried over
+    assert step_blocks(again, mesh_spec((4,))) is not blocks
+    assert step_blocks(again, mesh_spec((4,))) == blocks
+    assert model_fingerprint(again) == model_fingerprint(graph)
