@@ -216,8 +216,11 @@ class WorkerPool:
         (self.folder / name).write_bytes(pickle.dumps(task))
         worker.running, worker.holds = (index, self.folder / f"{name}.result"), task.case.step_key
         stdin = _stdin(worker)
-        stdin.write(f"{name}\n".encode())
-        stdin.flush()
+        try:
+            stdin.write(f"{name}\n".encode())
+            stdin.flush()
+        except OSError:  # it died since it was collected: `_outcome` says so, as for any task
+            pass
 
     @staticmethod
     def _outcome(worker: _Worker) -> CaseResult | str | None:
