@@ -694,7 +694,6 @@ def _run_here(run: PaperRun, grid: tuple[PaperCase, ...], readme: Path | None) -
             except Exception as err:
                 run.failed(case.label, err)
             count_hits(run, stores)
-            run.steps_traced = run.steps.traced
             write_report(run, finished=False, readme=readme)  # a stopped run says so
 
 
@@ -712,7 +711,6 @@ def _count_here(run: PaperRun, left_out: Sequence[PaperCase]) -> None:
         for case in sorted(left_out, key=lambda case: first[case.step_key])
     }
     run.pending += [counted[case] for case in left_out]
-    run.steps_traced = run.steps.traced
 
 
 def _run_in_processes(

@@ -301,10 +301,15 @@ class PaperRun:
     jobs: int = 1  # cases run at once, by that many processes (`paper_worker`)
     # the steps this process built and traced, the last one kept for the next case of it
     steps: StepTraces = field(default_factory=StepTraces)
-    steps_traced: int = 0  # steps the run traced, in every process (the other cases reused one)
+    workers_traced: int = 0  # steps its worker processes traced (`traced_steps`)
     # the grid's cases `--only` left out, each one's programs counted (`paper_pending`)
     pending: list[PendingCase] = field(default_factory=list)
     config_cap: int | None = None  # `analyze`'s cap on a segment's configurations (None: its own)
+
+    @property
+    def traced_steps(self) -> int:
+        """Steps the run traced, here and in its workers (the other cases reused one)."""
+        return self.steps.traced + self.workers_traced
 
     def segment_cap(self) -> int:
         """The cap on a segment's configurations the run passes `analyze`."""

@@ -102,7 +102,7 @@ class CaseResult:
         run.frontiers_kept += self.frontiers_kept
         run.gpu_memories_kept += self.gpu_memories_kept
         run.pending += self.pending
-        run.steps_traced += self.steps_traced
+        run.workers_traced += self.steps_traced
         run.computed.update(dict(self.computed))
 
 
