@@ -278,11 +278,10 @@ def _with_wider_space(
     if space.batch_outer and not step_blocks(traced, mesh_spec(case.mesh), batch_outer=True).primed:
         return None  # no block primes a role: the batch splits over every device already
     cap = space.config_cap or run.segment_cap()
-    if space.config_cap is not None:
-        widened = space.whole_mesh or space.shard_parameters or space.batch_outer
+    if space.config_cap is not None and space.has_run_cap_twin:
         blocks = paper.block_analysis  # the paper's strategies: analysed at the run's cap
         run_cut = paper.segments
-        if widened:
+        if space.widened:
             blocks = step_space(
                 traced,
                 mesh_spec(case.mesh),
@@ -311,6 +310,7 @@ def _with_wider_space(
             shard_parameters=space.shard_parameters,
             whole_mesh=space.whole_mesh,
             batch_outer=space.batch_outer,
+            sequence_parallel=space.sequence_parallel,
             memory_resolution=memory_resolution,
             traced=traced,
             config_cap=cap,

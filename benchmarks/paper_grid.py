@@ -47,6 +47,7 @@ class WiderSpace:
     shard_parameters: bool = False  # `analyze`'s switches
     whole_mesh: bool = False
     batch_outer: bool = False
+    sequence_parallel: bool = False
     # cut under `analyze`'s default cap instead of the run's
     default_cap: bool = False
 
@@ -71,10 +72,30 @@ class WiderSpace:
     @property
     def keyword(self) -> str:
         """The `analyze` keywords that build the space, as the report writes them."""
-        switches = ("shard_parameters", "whole_mesh", "batch_outer")
+        switches = ("shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel")
         given = [f"{switch}=True" for switch in switches if getattr(self, switch)]
         cap = [f"config_cap={self.config_cap}"] if self.default_cap else []
         return ", ".join(given + cap)
+
+    @property
+    def widened(self) -> bool:
+        """Whether the space offers strategies the paper's does not."""
+        return (
+            self.shard_parameters or self.whole_mesh or self.batch_outer or self.sequence_parallel
+        )
+
+    @property
+    def has_run_cap_twin(self) -> bool:
+        """Whether the grid also searches this space's strategies cut at the run's cap (the
+        paper space for the paper's strategies): where the default cap cuts the step as the
+        run's does, that space already holds this one's plans."""
+        switches = (self.shard_parameters, self.whole_mesh, self.batch_outer)
+        return not self.widened or any(
+            not other.default_cap
+            and (other.shard_parameters, other.whole_mesh, other.batch_outer) == switches
+            and other.sequence_parallel == self.sequence_parallel
+            for other in WIDER_SPACES
+        )
 
     @property
     def two_d_only(self) -> bool:
@@ -143,6 +164,19 @@ WIDER_SPACES = (
         "default cap instead of the run's; where that cap cuts it as the run's does, the "
         "space is the one above",
         whole_mesh=True,
+        default_cap=True,
+    ),
+    WiderSpace(
+        row="cfp_seq_default_cap",
+        flag="--sequence-parallel --default-cap",
+        title="CFP with scattering twins, cut at the default cap",
+        about="the paper's strategies, and beside each one splitting a block's contraction "
+        "(K) its twin that reduce-scatters the partial sums onto the block's M dim (the "
+        "sequence, or the batch where it splits) instead of all-reducing them, so the ops "
+        "after the contraction work on shards (Megatron's sequence parallelism, "
+        "`Strategy.scattered`), the step cut into segments under `analyze`'s default cap; "
+        "there is no such space at the run's cap",
+        sequence_parallel=True,
         default_cap=True,
     ),
 )

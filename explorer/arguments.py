@@ -44,6 +44,7 @@ def checked_arguments(
     whole_mesh: Any = False,
     shard_parameters: Any = False,
     batch_outer: Any = False,
+    sequence_parallel: Any = False,
 ) -> tuple[MeshSpec, Platform]:
     """`analyze`'s arguments checked where they enter, before the step is traced: the mesh
     and platform normalised, every other argument's type and range."""
@@ -94,6 +95,7 @@ def checked_arguments(
         "whole_mesh": whole_mesh,
         "shard_parameters": shard_parameters,
         "batch_outer": batch_outer,
+        "sequence_parallel": sequence_parallel,
     }
     for name, value in switches.items():
         if not isinstance(value, bool):

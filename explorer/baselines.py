@@ -71,8 +71,9 @@ def fsdp_parameter_layouts(graph: Graph, mesh: MeshSpec) -> dict[str, DimAxes]:
 
 def _find(block: ParallelBlock, role: DimRole, name: str) -> int:
     """The strategy whose innermost mesh axis splits `role` (DP x TP on 2-D), its
-    parameters kept where it computes with them (not a ZeRO twin)."""
-    plain = [(i, s) for i, s in enumerate(block.strategies) if not s.stored]
+    parameters kept where it computes with them (not a ZeRO twin), its partial sums
+    all-reduced (not a scattering twin)."""
+    plain = [(i, s) for i, s in enumerate(block.strategies) if not (s.stored or s.scattered)]
     for index, strategy in plain:
         if strategy.assignment and strategy.assignment[-1][0] is role:
             return index

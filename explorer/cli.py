@@ -31,6 +31,11 @@ BATCH_OUTER_HELP = (
     "2-D: where the batch splits over the outer axis but not over every device, also offer "
     "each block the batch's own dim on the outer axis (M', E') with any role on the inner one"
 )
+SEQUENCE_PARALLEL_HELP = (
+    "also offer each block splitting K its twin reduce-scattering the partial sums onto M "
+    "(the sequence, or the batch where it splits) instead of all-reducing them, so the ops "
+    "after the head work on shards (Megatron's sequence parallelism)"
+)
 CONFIG_CAP_HELP = (
     "the most configurations one unique segment may have before it is cut at a block boundary "
     "into smaller types (default 81): a lower cap profiles fewer, smaller programs, and the "
@@ -165,6 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cfp_outer_gpu); without it the report shows them where the cache holds that space",
     )
     bench.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="with --paper --default-cap: also profile CFP's paper space with scattering "
+        "twins (see plan --sequence-parallel), cut at analyze's default cap (rows "
+        "cfp_seq_default_cap, cfp_seq_default_cap_gpu); without it the report shows them "
+        "where the cache holds that space",
+    )
+    bench.add_argument(
         "--default-cap",
         action="store_true",
         help="with --paper and another --config-cap: also profile CFP's paper space cut at "
@@ -231,9 +244,16 @@ def _add_space_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--whole-mesh", action="store_true", help=WHOLE_MESH_HELP)
     parser.add_argument("--shard-parameters", action="store_true", help=SHARD_PARAMETERS_HELP)
     parser.add_argument("--batch-outer", action="store_true", help=BATCH_OUTER_HELP)
+    parser.add_argument("--sequence-parallel", action="store_true", help=SEQUENCE_PARALLEL_HELP)
 
 
-_WIDER_SWITCHES = ("free_axes", "whole_mesh", "shard_parameters", "batch_outer")
+_WIDER_SWITCHES = (
+    "free_axes",
+    "whole_mesh",
+    "shard_parameters",
+    "batch_outer",
+    "sequence_parallel",
+)
 
 
 def _spaces_asked(args: argparse.Namespace) -> dict[str, dict[str, bool]]:
@@ -247,7 +267,8 @@ def _spaces_asked(args: argparse.Namespace) -> dict[str, dict[str, bool]]:
     if not wider:
         raise InputError(
             "--each-space: expected at least one wider space to compare with the paper's "
-            "(--free-axes, --whole-mesh, --shard-parameters or --batch-outer), found none"
+            "(--free-axes, --whole-mesh, --shard-parameters, --batch-outer or "
+            "--sequence-parallel), found none"
         )
     if args.no_profile:
         raise InputError(
@@ -335,6 +356,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
         "whole mesh": args.whole_mesh,
         "shard parameters": args.shard_parameters,
         "batch outer": args.batch_outer,
+        "sequence parallel": args.sequence_parallel,
         "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
         "only": list(only),
     }
@@ -361,6 +383,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             whole_mesh=args.whole_mesh,
             shard_parameters=args.shard_parameters,
             batch_outer=args.batch_outer,
+            sequence_parallel=args.sequence_parallel,
             workers=args.workers or (1 if args.backend == "measured" else None),
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
         )
@@ -425,6 +448,7 @@ def _plan(args: argparse.Namespace) -> int:
                     whole_mesh=switches["whole_mesh"],
                     shard_parameters=switches["shard_parameters"],
                     batch_outer=switches["batch_outer"],
+                    sequence_parallel=switches["sequence_parallel"],
                     platform=platform,
                     backend=args.backend,
                     cache=None if args.no_cache else args.cache,
@@ -521,9 +545,15 @@ def _bench(args: argparse.Namespace) -> int:
         ("--whole-mesh", args.whole_mesh),
         ("--batch-outer", args.batch_outer),
         ("--default-cap", args.default_cap),
+        ("--sequence-parallel", args.sequence_parallel),
     ):
         if given and not args.paper:
             raise InputError(f"{flag} is for paper cases: expected it with --paper, found it alone")
+    if args.sequence_parallel and not args.default_cap:
+        raise InputError(
+            "--sequence-parallel: the paper grid profiles that space cut at the default cap; "
+            "expected it with --default-cap, found it without"
+        )
     if args.paper:
         _jax_on_cpu()  # the grid runs on virtual CPU devices
     start = time.perf_counter()
@@ -547,6 +577,7 @@ def _bench(args: argparse.Namespace) -> int:
                 "cfp_whole_default_cap": "compile"
                 if args.default_cap and args.whole_mesh
                 else "kept",
+                "cfp_seq_default_cap": "compile" if args.sequence_parallel else "kept",
             },
             jobs=int(args.jobs),
             config_cap=cap,

@@ -46,6 +46,7 @@ def analyze(
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
     batch_outer: bool = ...,
+    sequence_parallel: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
@@ -70,6 +71,7 @@ def analyze(
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
     batch_outer: bool = ...,
+    sequence_parallel: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
     config_cap: int = ...,
@@ -93,6 +95,7 @@ def analyze(
     whole_mesh: bool = False,
     shard_parameters: bool = False,
     batch_outer: bool = False,
+    sequence_parallel: bool = False,
     memory_resolution: BytesLike = 0,
     arg_roles: ArgRoles | None = None,
     config_cap: int = DEFAULT_CONFIG_CAP,
@@ -113,6 +116,10 @@ def analyze(
     `shard_parameters` offers every block that splits its batch a twin keeping its
     parameters (and their optimizer state) sharded over the batch axes between steps, as
     ZeRO-3/FSDP does: the solver then trades their gathers for memory block by block.
+    `sequence_parallel` offers every block whose strategy splits K a twin reduce-scattering
+    the head's partial sums onto M instead of all-reducing them, so the ops after the head
+    work on M-shards (Megatron's sequence parallelism where M is the sequence): the same
+    bytes moved, less activation memory, and a gather where the next block wants them whole.
     `config_cap` caps the configurations of one unique segment: a type over it is cut at its
     block boundaries into smaller types (a block alone over it is refused, naming the block).
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs
@@ -144,6 +151,7 @@ def analyze(
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
         batch_outer=batch_outer,
+        sequence_parallel=sequence_parallel,
     )
     resolution = int(parse_bytes(memory_resolution, "memory_resolution"))
     if traced is None:
@@ -163,6 +171,7 @@ def analyze(
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
         batch_outer=batch_outer,
+        sequence_parallel=sequence_parallel,
     )
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
@@ -177,6 +186,7 @@ def analyze(
         shard_parameters=shard_parameters,
         config_cap=cut_cap(graph, blocks, cut, config_cap),
         batch_outer=blocks.primed,
+        sequence_parallel=any(s.scattered for b in blocks.blocks for s in b.strategies),
     )
     if not profile:
         return SegmentedStep(

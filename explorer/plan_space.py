@@ -35,6 +35,7 @@ def space_options(
     shard_parameters: bool = False,
     config_cap: int = UNRECORDED_CAP,
     batch_outer: bool = False,
+    sequence_parallel: bool = False,
 ) -> SpaceOptions:
     """`analyze`'s options as the space they make: on a 1-D mesh the 2-D widenings change
     nothing, so they are dropped. `config_cap` is the cap naming the cut (`cut_cap`)."""
@@ -45,6 +46,7 @@ def space_options(
         shard_parameters=shard_parameters,
         config_cap=config_cap,
         batch_outer=batch_outer and two_d,
+        sequence_parallel=sequence_parallel,
     )
 
 
@@ -157,6 +159,7 @@ def space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
             whole_mesh=options.whole_mesh,
             shard_parameters=options.shard_parameters,
             batch_outer=options.batch_outer,
+            sequence_parallel=options.sequence_parallel,
         )
         return space, build_segments(graph, space, cap=options.config_cap)
     blocks = build_blocks(graph, mesh.size)

@@ -67,9 +67,13 @@ def build_space(
     free_axes: bool = False,
     whole_mesh: bool = False,
     stored_parameters: frozenset[int] = frozenset(),
+    sequence_parallel: bool = False,
 ) -> BlockAnalysis:
     """The same blocks, each with its strategies (and excluded strategies) on `mesh`
     (`free_axes`, `whole_mesh`: the 2-D spaces the module docstring describes).
+
+    `sequence_parallel` adds, after every plain strategy, each one splitting K again with
+    its partial sums reduce-scattered onto M (`Strategy.scattered`, `scattered_twins`).
 
     `stored_parameters` (value ids of the step's parameters; `parameter_ids`) adds the
     ZeRO-3 twins: a block owning one of them gets, beside each strategy that splits its
@@ -78,6 +82,8 @@ def build_space(
     blocks = []
     for block in analysis.blocks:
         kept, excluded = block_strategies(block, mesh, free_axes=free_axes, whole_mesh=whole_mesh)
+        if sequence_parallel:
+            kept = kept + scattered_twins(block, kept, mesh)
         if any(layout.value in stored_parameters for layout in block.layouts):
             kept = kept + stored_twins(kept)
         blocks.append(replace(block, strategies=kept, excluded=excluded))
@@ -92,9 +98,11 @@ def step_space(
     whole_mesh: bool = False,
     shard_parameters: bool = False,
     batch_outer: bool = False,
+    sequence_parallel: bool = False,
 ) -> BlockAnalysis:
     """The step's ParallelBlocks with their strategies on `mesh`: the space `analyze` and
-    the cluster's profiler search (`shard_parameters`: with ZeRO twins)."""
+    the cluster's profiler search (`shard_parameters`: with ZeRO twins;
+    `sequence_parallel`: with scattering twins)."""
     stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
     return build_space(
         step_blocks(graph, mesh, batch_outer=batch_outer),
@@ -102,6 +110,7 @@ def step_space(
         free_axes=free_axes,
         whole_mesh=whole_mesh,
         stored_parameters=stored,
+        sequence_parallel=sequence_parallel,
     )
 
 
@@ -133,6 +142,31 @@ def stored_twins(strategies: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
         for strategy in strategies
         if _batch_axes(strategy) and not strategy.stored
     )
+
+
+def scattered_twins(
+    block: ParallelBlock, strategies: tuple[Strategy, ...], mesh: MeshSpec
+) -> tuple[Strategy, ...]:
+    """Per strategy splitting K whose M dim also splits over K's axes, its twin
+    reduce-scattering the head's partial sums onto M (`Strategy.scattered`).
+
+    Where the head's K split leaves partial sums, the plain strategy all-reduces them and
+    every op after the head computes on whole activations, the same on every device; the
+    twin moves the same bytes as a reduce-scatter, and those ops (a residual add, a norm,
+    dropout) compute and keep their activations on M-shards instead. Where M is the
+    sequence this is Megatron's sequence parallelism; the next block gathers what it wants
+    whole, which the boundary between them prices."""
+    sizes = dict(block.role_sizes)
+    if DimRole.M not in sizes:
+        return ()
+    twins = []
+    for strategy in strategies:
+        over = strategy.axes_of(DimRole.K)
+        if not over or strategy.stored or strategy.scattered:
+            continue
+        if sizes[DimRole.M] % mesh.axes_size(strategy.axes_of(DimRole.M) + over) == 0:
+            twins.append(replace(strategy, scattered=over))
+    return tuple(twins)
 
 
 def _batch_axes(strategy: Strategy) -> tuple[str, ...]:
@@ -301,10 +335,15 @@ def stored_layout(
 
 
 def dim_axes(graph: Graph, layout: ValueLayout, strategy: Strategy) -> DimAxes:
-    """Per dim of `layout`'s value, the mesh axes that split it under `strategy`."""
+    """Per dim of `layout`'s value, the mesh axes that split it under `strategy`.
+
+    A scattering strategy (`Strategy.scattered`) also splits M over its K axes in every
+    value that holds no K dim: the head's result and what follows it, forward and backward,
+    but not the head's operands (nor their gradients), which K splits there."""
     dims: list[tuple[str, ...]] = [()] * graph.values[layout.value].type.rank
+    scattered = strategy.scattered if layout.dim_of(DimRole.K) is None else ()
     for role, dim in layout.dims:
-        axes = strategy.axes_of(role)
+        axes = strategy.axes_of(role) + (scattered if role is DimRole.M else ())
         if axes:
             dims[dim] = dims[dim] + axes
     return tuple(dims)

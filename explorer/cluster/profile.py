@@ -216,6 +216,7 @@ def profile_on_cluster(
     whole_mesh: bool = False,
     shard_parameters: bool = False,
     batch_outer: bool = False,
+    sequence_parallel: bool = False,
     config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = 1,
     progress: bool = True,
@@ -228,11 +229,11 @@ def profile_on_cluster(
     Every process of the cluster must call this with the same arguments (`join` checked the
     software; the request is the caller's to check, as the command line does). Process 0
     writes the rows to `cache`; `only` restricts the run to some segment types, boundaries
-    or configurations (see `selection`); `free_axes`, `whole_mesh`, `shard_parameters` and
-    `batch_outer` build the space as `analyze` does. `on_program(record)` is called after
-    each program (measured: once every process has finished it), a progress beat. `workers`
-    is the compiling threads of each process (compiled on one CPU process: worker
-    processes).
+    or configurations (see `selection`); `free_axes`, `whole_mesh`, `shard_parameters`,
+    `batch_outer` and `sequence_parallel` build the space as `analyze` does.
+    `on_program(record)` is called after each program (measured: once every process has
+    finished it), a progress beat. `workers` is the compiling threads of each process
+    (compiled on one CPU process: worker processes).
     """
     import jax
 
@@ -273,6 +274,7 @@ def profile_on_cluster(
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
         batch_outer=batch_outer,
+        sequence_parallel=sequence_parallel,
     )
     segmentation = build_segments(graph, analysis, cap=config_cap)
     keep = selection(only, analysis, segmentation)

@@ -74,16 +74,25 @@ class Strategy:
     `stored`: mesh axes over which the parameters the block owns are *kept* sharded between
     steps though the block computes with them whole there (ZeRO-3 / FSDP on the batch axes):
     gathered where the block uses them, their gradient reduce-scattered, their optimizer
-    state sharded. Memory for communication, a trade the solver makes per block."""
+    state sharded. Memory for communication, a trade the solver makes per block.
+
+    `scattered`: mesh axes (those splitting K) over which the head's partial sums are
+    reduce-scattered onto its M dim instead of all-reduced, so every op of the block after
+    the head works on M-shards (Megatron's sequence parallelism where M is the sequence):
+    the same communication volume, the block's activations split that much more, and the
+    next block gathers them where it wants them whole."""
 
     assignment: tuple[tuple[DimRole, tuple[str, ...]], ...]
     stored: tuple[str, ...] = ()
+    scattered: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         if not self.assignment:
             return "replicated"
         split = ",".join(f"{role.value}@{'+'.join(axes)}" for role, axes in self.assignment)
+        if self.scattered:
+            split = f"{split},rs@{'+'.join(self.scattered)}"
         return f"{split},params@{'+'.join(self.stored)}" if self.stored else split
 
     def axes_of(self, role: DimRole) -> tuple[str, ...]:
