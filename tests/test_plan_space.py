@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import explorer as ex
-from explorer.errors import PlanError
+from explorer.errors import InputError, PlanError
 from explorer.evaluation_store import layout_digest
 from explorer.ir import Config
 from explorer.plan_build import make_plan
@@ -159,3 +159,31 @@ def test_a_batch_outer_plan_records_its_space_and_applies_with_its_primed_roles(
     step, args = ex.models.gpt(config.replace(batch=4))
     unprimed = ex.analyze(step, *args, mesh=(2, 2), profile=False, cache=None, batch_outer=True)
     assert unprimed.space == PAPER_SPACE
+
+
+def test_a_scattering_plan_records_its_space_and_applies_with_its_twins(gpt: Any) -> None:
+    """Tiny GPT on 2x2 with scattering twins (`sequence_parallel=True`): a plan of twins
+    names strategies no other space offers, a plan of the space's plain strategies names
+    only the paper's, and both record the space, so `space_of` rebuilds its strategies and
+    the segments its twins cut the step into. A switch that is no bool is refused first."""
+    step, args, paper = gpt
+    twinned = ex.analyze(
+        step, *args, mesh=(2, 2), profile=False, cache=None, sequence_parallel=True,
+        traced=paper.graph,
+    )  # fmt: skip
+    assert twinned.space.sequence_parallel and twinned.space != PAPER_SPACE
+    twins = [next(s.name for s in b.strategies if s.scattered) for b in twinned.blocks]
+    assert all(name.endswith(",rs@y") for name in twins)
+    plain = [twinned.blocks[i].strategies[0].name for i in range(len(twinned.blocks))]
+    for names in (twins, plain):
+        plan = _plan(twinned, names)
+        assert plan.space == twinned.space
+        assert plan_to_json(plan)["space"]["sequence_parallel"] is True
+        assert plan_from_json(json.loads(plan.to_json())) == plan
+        space, segments = space_of(plan, twinned.graph)
+        assert [[s.name for s in b.strategies] for b in space.blocks] == [
+            [s.name for s in b.strategies] for b in twinned.blocks
+        ]
+        assert segments.boundaries == twinned.segments.boundaries
+    with pytest.raises(InputError, match="sequence_parallel"):
+        ex.analyze(step, *args, mesh=(2, 2), profile=False, sequence_parallel="yes")
