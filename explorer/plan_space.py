@@ -2,17 +2,17 @@
 rebuilt where the plan is applied.
 
 Applying a block plan constrains its segment boundaries (`layouts.place`), and where they
-fall depends on the space: a wider one (`whole_mesh`, `free_axes`, ZeRO twins) or another
-configuration cap cuts the step into other segments than the paper's. The plan was priced
-with its own space's cut, so the plan that runs must be cut the same way. Most plans name a
-strategy no space looked up before theirs offers, and the names tell the space. A plan whose
-every name an earlier space offers too (a whole-mesh plan that keeps the paper's strategies,
-say) records its space, and so does one whose cap cuts the step otherwise than
-`UNRECORDED_CAP` does (the cap of every plan written before caps were recorded): its
-document, and with it the key its whole step is kept under (`evaluation_store.layout_digest`),
-then differs from the other space's plan of the same names. A cap that cuts the step alike is
-not recorded (`cut_cap`), so the plan and its key do not change with `analyze`'s default cap
-where the program does not.
+fall depends on the space: a wider one (`whole_mesh`, `free_axes`, ZeRO or scattering
+twins) or another configuration cap cuts the step into other segments than the paper's. The
+plan was priced with its own space's cut, so the plan that runs must be cut the same way.
+Most plans name a strategy no space looked up before theirs offers, and the names tell the
+space. A plan whose every name an earlier space offers too (a whole-mesh plan that keeps
+the paper's strategies, say) records its space, and so does one whose cap cuts the step
+otherwise than `UNRECORDED_CAP` does (the cap of every plan written before caps were
+recorded): its document, and with it the key its whole step is kept under
+(`evaluation_store.layout_digest`), then differs from the other space's plan of the same
+names. A cap that cuts the step alike is not recorded (`cut_cap`), so the plan and its key
+do not change with `analyze`'s default cap where the program does not.
 """
 
 from __future__ import annotations
