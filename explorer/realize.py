@@ -4,7 +4,9 @@ The inlined step is re-executed primitive by primitive (`_jax_compat.evaluate`) 
 `with_sharding_constraint` on every value the ShardingAssignment places (`layouts.place`
 places them all) and on the operands it wants read in another layout (block heads, readers
 across a segment boundary), and with input and output shardings from the assignment. XLA's
-SPMD partitioner then inserts exactly the communication the configuration implies.
+SPMD partitioner then inserts exactly the communication the configuration implies, except
+where a contraction's partial sums are reduce-scattered (`Scatter`): that one is written
+out, as XLA:GPU's partitioner would make it and XLA:CPU's does not.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from explorer import _jax_compat as jc
 from explorer.errors import ArgumentMismatchError
-from explorer.ir import Graph, ShardingAssignment, ValueKind, path_suffix
-from explorer.mesh import named_sharding
+from explorer.ir import Graph, Scatter, ShardingAssignment, ValueKind, path_suffix
+from explorer.mesh import named_sharding, partition_spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +93,19 @@ def realize(
     if graph.program is None:
         raise ArgumentMismatchError("this Graph carries no program to realise (was it traced?)")
     # graph op ids are the whole program's equation indices
-    constrain_value, constrain_operand = _hooks(
-        assignment, mesh, {op.id: op.id for op in graph.ops}
-    )
+    eqn_of_op = {op.id: op.id for op in graph.ops}
+    constrain_value, constrain_operand = _hooks(assignment, mesh, eqn_of_op)
+    rebind = _scattering(assignment, mesh, eqn_of_op)
     program = graph.program
 
     def sharded_step(*flat: Any) -> Any:
         results = jc.evaluate(
-            program, flat, constrain_value, constrain_operand, keep_loops=keep_loops
+            program,
+            flat,
+            constrain_value,
+            constrain_operand,
+            keep_loops=keep_loops,
+            rebind=rebind,
         )
         return jax.tree_util.tree_unflatten(graph.out_tree, results)
 
@@ -138,6 +145,40 @@ def _hooks(
         return _constrain(x, sharding) if sharding is not None else x
 
     return constrain_value, constrain_operand
+
+
+def _scattering(
+    assignment: ShardingAssignment, mesh: Mesh, eqn_of_op: dict[int, int]
+) -> dict[int, Callable[[Any, list[Any]], Any]]:
+    """`evaluate`'s `rebind`: each contraction whose partial sums are reduce-scattered
+    (`assignment.scatters`), computed per device on its operands' shards and reduce-scattered
+    over the K axes onto its result's M dim.
+
+    Left to the partitioner, a K-split dot whose result is wanted split on M compiles, on
+    XLA:CPU, to an all-reduce of the whole result and a slice of it (XLA:GPU rewrites that
+    pair into a reduce-scatter, XLA:CPU has no such pass): twice the bytes, and the whole
+    activation on every device, which the strategy exists to avoid."""
+
+    def rebound(scatter: Scatter) -> Callable[[Any, list[Any]], Any]:
+        def run(eqn: Any, operands: list[Any]) -> Any:
+            def local(*shards: Any) -> Any:
+                partial = eqn.primitive.bind(*shards, **eqn.params)
+                axes = scatter.axes[0] if len(scatter.axes) == 1 else scatter.axes
+                return jax.lax.psum_scatter(
+                    partial, axes, scatter_dimension=scatter.dim, tiled=True
+                )
+
+            return jax.shard_map(
+                local,
+                mesh=mesh,
+                in_specs=tuple(partition_spec(d) for d in scatter.operands),
+                out_specs=partition_spec(scatter.result),
+                check_vma=False,
+            )(*operands)
+
+        return run
+
+    return {eqn_of_op[s.op]: rebound(s) for s in assignment.scatters if s.op in eqn_of_op}
 
 
 def _constrain(x: Any, sharding: NamedSharding) -> Any:
@@ -201,6 +242,7 @@ def segment_program(
         shardings.append(named_sharding(mesh, dims))
     eqn_position = {op: i for i, op in enumerate(sorted(set(ops)))}
     constrain_value, constrain_operand = _hooks(assignment, mesh, eqn_position)
+    rebind = _scattering(assignment, mesh, eqn_position)
     late = [v for v in after[0] if v in set(program.invars)]
     first = [v for v in after[1] if v in set(program.outvars)]
     tied = _tie_late_inputs(graph, late, first, {**values, **layouts})
@@ -210,7 +252,9 @@ def segment_program(
 
     def run(*flat: Any) -> Any:
         if not tied:
-            return tuple(jc.evaluate(program, flat, constrain_value, constrain_operand))
+            return tuple(
+                jc.evaluate(program, flat, constrain_value, constrain_operand, rebind=rebind)
+            )
         *inputs, zero = flat
         made: dict[int, Any] = {}
 
@@ -226,7 +270,7 @@ def segment_program(
                 x = x + zero.astype(x.dtype) * made[tied[vid]]
             return constrain_operand(eqn, position, x)
 
-        return tuple(jc.evaluate(program, inputs, on_value, on_operand))
+        return tuple(jc.evaluate(program, inputs, on_value, on_operand, rebind=rebind))
 
     fn = jax.jit(run, in_shardings=tuple(shardings))
     inputs = tuple(program.abstract(v, s) for v, s in zip(program.invars, shardings, strict=False))

@@ -47,6 +47,7 @@ from explorer.ir import (
     OpNode,
     ParallelBlock,
     Role,
+    Scatter,
     Segmentation,
     ShardingAssignment,
     Strategy,
@@ -274,6 +275,7 @@ def shardings(
     values: dict[int, DimAxes] = {}
     storing: dict[int, tuple[str, ...]] = {}  # parameter id -> axes its block stores it over
     operands: list[tuple[int, int, DimAxes]] = []
+    scatters: list[Scatter] = []
     for block, choice in zip(blocks, config.choices, strict=True):
         if not 0 <= choice < len(block.strategies):
             raise AnalysisError(
@@ -288,13 +290,40 @@ def shardings(
             operands.append(
                 (operand.op, operand.position, dim_axes(graph, operand.layout, strategy))
             )
+        if strategy.scattered:
+            scatters.append(_head_scatter(graph, block, strategy))
     stored = _stored_parameters(graph, values, storing, mesh)
     inputs = _input_shardings(graph, values, {**stored, **(parameter_layouts or {})})
     outputs = _output_shardings(graph, inputs)
     _pin_optimizer_updates(graph, outputs, values)
     input_ids = set(graph.inputs)
     internal = tuple(sorted((v, d) for v, d in values.items() if v not in input_ids))
-    return ShardingAssignment(mesh.axes, inputs, outputs, internal, tuple(operands))
+    return ShardingAssignment(
+        mesh.axes, inputs, outputs, internal, tuple(operands), tuple(scatters)
+    )
+
+
+def _head_scatter(graph: Graph, block: ParallelBlock, strategy: Strategy) -> Scatter:
+    """How a scattering strategy's head computes: on its operands' layouts under the
+    strategy (as the block wants them read, else as it owns them), its partial sums
+    reduce-scattered over the K axes onto its result's M dim."""
+    head = graph.ops[block.head]
+    wanted = {o.position: o.layout for o in block.operand_layouts if o.op == head.id}
+    operands = []
+    for position, vid in enumerate(head.inputs):
+        layout = wanted.get(position) or block.layout_of(vid)
+        rank = graph.values[vid].type.rank
+        operands.append(dim_axes(graph, layout, strategy) if layout else ((),) * rank)
+    result = block.layout_of(head.outputs[0])
+    m_dim = result.dim_of(DimRole.M) if result is not None else None
+    if result is None or m_dim is None:
+        raise AnalysisError(
+            f"block {block.index} ({block.scope}): strategy {strategy.name} scatters its "
+            "head's partial sums onto M, but the head's result has no M dim"
+        )
+    return Scatter(
+        head.id, tuple(operands), dim_axes(graph, result, strategy), m_dim, strategy.scattered
+    )
 
 
 def _stored_parameters(

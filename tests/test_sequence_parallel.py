@@ -153,8 +153,9 @@ def test_a_scattering_plan_reduce_scatters_applies_and_is_predicted(tmp_path: Pa
     scattering, reducing = analysis.plan(pins=twins), analysis.plan(pins=plains)
     assert all(",rs@x" in name for name in scattering.strategies)
     truth, plain_truth = ex.evaluate(scattering, step, *warm), ex.evaluate(reducing, step, *warm)
-    kinds = {kind for kind, *_ in truth.emitted}
-    assert "reduce-scatter" in kinds
+    # one reduce-scatter per head at least (XLA:CPU would all-reduce and slice: `Scatter`)
+    scattered = sum(kind == "reduce-scatter" for kind, *_ in truth.emitted)
+    assert scattered >= len(twins), truth.emitted
     assert "reduce-scatter" not in {kind for kind, *_ in plain_truth.emitted}
     assert scattering.time == pytest.approx(truth.time, rel=0.05)
     loaded = ex.load_plan(scattering.save(tmp_path / "scattering.json"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -19,12 +19,15 @@ def evaluate(
     on_operand: Callable[[int, int, Any], Any] | None = None,
     *,
     keep_loops: bool = False,
+    rebind: Mapping[int, Callable[[Any, list[Any]], Any]] | None = None,
 ) -> list[Any]:
     """Re-execute a flat program by binding each primitive in order.
 
     `on_value(value_id, array)` may return a replacement for an op result (e.g. the array
     with a sharding constraint); `on_operand(eqn_index, position, array)` may replace what one
-    op reads without changing what other readers see.
+    op reads without changing what other readers see. `rebind[eqn_index](eqn, operands)`
+    computes an equation's results in place of binding its primitive (the same numbers,
+    computed otherwise: a contraction whose partial sums are reduce-scattered explicitly).
 
     With `keep_loops`, each unrolled scan (`program.loops`) runs as a `jax.lax.scan` again:
     its body is the first iteration's equations, with that iteration's hooks (value ids and
@@ -34,7 +37,7 @@ def evaluate(
     """
     env: dict[int, Any] = dict(program.constants)
     env.update(zip(program.invars, args, strict=True))
-    runner = _Runner(program, on_value, on_operand, keep_loops)
+    runner = _Runner(program, on_value, on_operand, keep_loops, rebind or {})
     runner.run(0, len(program.eqns), env, depth=0)
     return [env[v] for v in program.outvars]
 
@@ -48,10 +51,12 @@ class _Runner:
         on_value: Callable[[int, Any], Any] | None,
         on_operand: Callable[[int, int, Any], Any] | None,
         keep_loops: bool,
+        rebind: Mapping[int, Callable[[Any, list[Any]], Any]],
     ) -> None:
         self.program = program
         self.on_value = on_value
         self.on_operand = on_operand
+        self.rebind = rebind
         # rematerialisation: per value, the remat region whose recomputation made it (None:
         # made elsewhere); per region, what it reads from outside, in the order first read;
         # per (region, value), that value behind the region's optimization barrier
@@ -87,7 +92,11 @@ class _Runner:
             # Re-enter the original name stack so compiled HLO metadata keeps the user's
             # scopes and the forward/backward marks (`transpose(jvp(...))`) profiling relies on.
             with source_info_util.set_name_stack(_name_stacks(eqn.name_stack)):
-                results = eqn.primitive.bind(*operands, **eqn.params)
+                instead = self.rebind.get(index)
+                if instead is not None:
+                    results = instead(eqn, operands)
+                else:
+                    results = eqn.primitive.bind(*operands, **eqn.params)
             if not eqn.primitive.multiple_results:
                 results = (results,)
             for vid, result in zip(eqn.outvars, results, strict=True):

@@ -220,6 +220,23 @@ class Config:
 
 
 @dataclass(frozen=True, slots=True)
+class Scatter:
+    """A contraction whose partial sums are reduce-scattered (`Strategy.scattered`): it
+    computes on `operands`' layouts, and its result, split over `axes` on `dim` beside the
+    splits the operands give it, is `result`.
+
+    Realised explicitly (`realize`): XLA:GPU turns an all-reduce whose result is sliced into a
+    reduce-scatter, XLA:CPU does not, so left to the partitioner the profiled program would
+    all-reduce whole activations and pay for the split it was chosen to save."""
+
+    op: int
+    operands: tuple[DimAxes, ...]  # per operand of the op
+    result: DimAxes
+    dim: int
+    axes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ShardingAssignment:
     """Where every constrained value of the step lives on the mesh under one Config."""
 
@@ -228,6 +245,7 @@ class ShardingAssignment:
     outputs: tuple[DimAxes, ...]  # per flattened step result
     values: tuple[tuple[int, DimAxes], ...]  # producer side: value id -> layout
     operands: tuple[tuple[int, int, DimAxes], ...]  # consumer side: (op id, position) -> layout
+    scatters: tuple[Scatter, ...] = ()  # by op id
 
     def value_map(self) -> dict[int, DimAxes]:
         return dict(self.values)

@@ -405,7 +405,9 @@ class _Walk:
             )
         )
         sources = tuple(self.source.get(v.id, frozenset()) for v in graph.values)
-        assignment = ShardingAssignment(core.mesh_axes, core.inputs, core.outputs, values, operands)
+        assignment = ShardingAssignment(
+            core.mesh_axes, core.inputs, core.outputs, values, operands, core.scatters
+        )
         return Placement(assignment, sources, tuple(self.unplaced))
 
 
