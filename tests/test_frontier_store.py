@@ -258,3 +258,36 @@ def test_analyze_keeps_the_default_frontier_and_those_under_pins(
     with sqlite3.connect(tmp_path / "profiles.frontiers.sqlite") as db:
         (rows,) = db.execute("SELECT count(*) FROM frontiers").fetchone()
     assert rows == 4
+
+
+def test_a_run_that_compiled_part_of_its_programs_keeps_its_frontier_for_the_next_warm_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache answers the later configurations and the run compiles the earlier ones:
+    its profiles come back in the jobs' order all the same, so the frontier it keeps is the
+    one the next (warm) analysis asks for, and that one solves nothing."""
+    import jax.numpy as jnp
+    import optax
+    from helpers import mlp_step
+
+    import explorer as ex
+    from explorer import frontier_store
+
+    params = {"w_in": jnp.ones((64, 128)), "w_out": jnp.ones((128, 64))}
+    args = (params, optax.sgd(0.1).init(params), jnp.ones((16, 64)))
+    cache = tmp_path / "profiles.sqlite"
+    later = ex.analyze(
+        mlp_step, *args, mesh=(4,), cache=cache, progress=False,
+        only=lambda kind, label, config: kind == "reshard" or not config.startswith("M@x"),
+    )  # fmt: skip
+    assert not later.profiles["config"].str.startswith("M@x").any()
+    mixed = ex.analyze(mlp_step, *args, mesh=(4,), cache=cache, progress=False)
+    assert mixed.profiles["config"].str.startswith("M@x").any() and not mixed.frontier_kept
+
+    def never(*_: object, **__: object) -> None:
+        raise AssertionError("solved again: the store should have answered")
+
+    monkeypatch.setattr(frontier_store, "solve_frontier", never)
+    warm = ex.analyze(mlp_step, *args, mesh=(4,), cache=cache, progress=False)
+    assert warm.frontier_kept and warm.frontier == mixed.frontier
+    assert list(warm.profiles["config"]) == list(mixed.profiles["config"])

@@ -223,14 +223,25 @@ def _run(
     tick: Callable[[], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> list[Profile]:
-    profiles = [
+    free = [
         _profile(job, _nothing_moves(job), context, was_cached=False) for job in jobs if job.free
     ]
     answered, sharing = _split_by_cache([job for job in jobs if not job.free], cache)
-    profiles += [_profile(job, record, context, was_cached=True) for job, record in answered]
+    # the free jobs first, then every other in the jobs' order, however many of them the
+    # cache answered: what a warm run returns, so a run that compiled some asks the cost
+    # model (and the frontier store, which keys it) the same question as the next warm one
+    position = {id(job): i for i, job in enumerate(jobs)}
+    found = [
+        (position[id(job)], _profile(job, record, context, was_cached=True))
+        for job, record in answered
+    ]
+
+    def in_order() -> list[Profile]:
+        return free + [profile for _, profile in sorted(found, key=lambda item: item[0])]
+
     todo = [same[0] for same in sharing.values()]
     if not todo:
-        return profiles
+        return in_order()
     bar = _progress(len(todo), progress)
     best: dict[Any, float] = {}
     threads = workers or os.cpu_count() or 1
@@ -268,8 +279,9 @@ def _run(
                 window.append((following, submit(following)))
             if not machine_bound:
                 cache.put(record)
-            profiles.extend(
-                _profile(same, record, context, was_cached=False) for same in sharing[job.key]
+            found.extend(
+                (position[id(same)], _profile(same, record, context, was_cached=False))
+                for same in sharing[job.key]
             )
             if bar is not None:
                 bar.update(1)
@@ -282,7 +294,7 @@ def _run(
         bar.close()
     if cancelled() and done < len(todo):
         raise ProfilingCancelled(done, len(todo))
-    return profiles
+    return in_order()
 
 
 def _release_memory() -> None:
