@@ -57,6 +57,10 @@ def _code_digest() -> str:
 
 
 _CODE = _code_digest()
+# The default memory limit is half of the machine's memory, which differs by a fraction of a
+# percent between machines of one size (what the kernel keeps back): no more room for a
+# frontier, so a refusal kept under it stands there too, not re-tried for many minutes.
+MEMORY_LIMIT_MARGIN = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +147,8 @@ def _frontier_from(
     again) where a selection does not fit the model or is priced otherwise than kept. A kept
     refusal stands while the solver may hold no more and take no longer than it could then."""
     if "too_large" in fields:
-        if _raised(solver_memory_limit(), fields["memory_limit"]) or _raised(
+        memory_then = fields["memory_limit"]
+        if _raised(solver_memory_limit(), memory_then, margin=MEMORY_LIMIT_MARGIN) or _raised(
             solver_time_limit(), fields["time_limit"]
         ):
             return None  # more room or more time now: try again
@@ -230,11 +235,12 @@ def _hinted(
     )
 
 
-def _raised(now: float | None, then: float | None) -> bool:
-    """Whether a limit (None: none) allows more now than it did then."""
+def _raised(now: float | None, then: float | None, *, margin: float = 0.0) -> bool:
+    """Whether a limit (None: none) allows more now than it did then, by more than `margin`
+    of it."""
     if now is None:
         return then is not None
-    return then is not None and now > then
+    return then is not None and now > then * (1 + margin)
 
 
 def _opened(path: Path | None) -> FrontierStore | None:
