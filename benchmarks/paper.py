@@ -288,6 +288,7 @@ def _with_wider_space(
                 whole_mesh=space.whole_mesh,
                 shard_parameters=space.shard_parameters,
                 batch_outer=space.batch_outer,
+                sequence_parallel=space.sequence_parallel,
             )
             run_cut = build_segments(traced, blocks, cap=run.segment_cap())
         if cuts_alike(build_segments(traced, blocks, cap=cap), run_cut):

@@ -80,22 +80,21 @@ class WiderSpace:
     @property
     def widened(self) -> bool:
         """Whether the space offers strategies the paper's does not."""
-        return (
-            self.shard_parameters or self.whole_mesh or self.batch_outer or self.sequence_parallel
-        )
+        return any(self.switches)
 
     @property
     def has_run_cap_twin(self) -> bool:
         """Whether the grid also searches this space's strategies cut at the run's cap (the
         paper space for the paper's strategies): where the default cap cuts the step as the
         run's does, that space already holds this one's plans."""
-        switches = (self.shard_parameters, self.whole_mesh, self.batch_outer)
         return not self.widened or any(
-            not other.default_cap
-            and (other.shard_parameters, other.whole_mesh, other.batch_outer) == switches
-            and other.sequence_parallel == self.sequence_parallel
-            for other in WIDER_SPACES
+            not other.default_cap and other.switches == self.switches for other in WIDER_SPACES
         )
+
+    @property
+    def switches(self) -> tuple[bool, ...]:
+        """`analyze`'s switches that build the space, in `keyword`'s order."""
+        return (self.shard_parameters, self.whole_mesh, self.batch_outer, self.sequence_parallel)
 
     @property
     def two_d_only(self) -> bool:

@@ -153,10 +153,10 @@ def scattered_twins(
 
     Where the head's K split leaves partial sums, the plain strategy all-reduces them and
     every op after the head computes on whole activations, the same on every device; the
-    twin moves the same bytes as a reduce-scatter, and those ops (a residual add, a norm,
-    dropout) compute and keep their activations on M-shards instead. Where M is the
+    twin reduce-scatters them (half an all-reduce's bytes), and those ops (a residual add,
+    a norm, dropout) compute and keep their activations on M-shards instead. Where M is the
     sequence this is Megatron's sequence parallelism; the next block gathers what it wants
-    whole, which the boundary between them prices."""
+    whole (the other half), which the boundary between them prices."""
     sizes = dict(block.role_sizes)
     if DimRole.M not in sizes:
         return ()

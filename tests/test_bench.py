@@ -573,9 +573,13 @@ def test_only_without_paper_is_refused_before_any_work(capsys: pytest.CaptureFix
 
     assert main(["bench", "--only", "llama"]) == 2
     assert "--only selects paper cases: expected it with --paper" in capsys.readouterr().err
-    for flag in ("--gpu-memory", "--shard-parameters", "--whole-mesh"):
+    for flag in ("--gpu-memory", "--shard-parameters", "--whole-mesh", "--sequence-parallel"):
         assert main(["bench", flag]) == 2
         assert f"{flag} is for paper cases: expected it with --paper" in capsys.readouterr().err
+    assert main(["bench", "--paper", "--sequence-parallel"]) == 2
+    assert "--sequence-parallel: the paper grid profiles that space cut at the default cap; " in (
+        capsys.readouterr().err
+    )
     assert main(["bench", "--config-cap", "81"]) == 2
     assert "--config-cap is for paper cases: expected it with --paper" in capsys.readouterr().err
     assert main(["bench", "--paper", "--config-cap", "-3"]) == 2

@@ -79,8 +79,8 @@ class Strategy:
     `scattered`: mesh axes (those splitting K) over which the head's partial sums are
     reduce-scattered onto its M dim instead of all-reduced, so every op of the block after
     the head works on M-shards (Megatron's sequence parallelism where M is the sequence):
-    the same communication volume, the block's activations split that much more, and the
-    next block gathers them where it wants them whole."""
+    half an all-reduce's bytes, the block's activations split that much more, and the next
+    block gathers them (the other half) where it wants them whole."""
 
     assignment: tuple[tuple[DimRole, tuple[str, ...]], ...]
     stored: tuple[str, ...] = ()
