@@ -147,8 +147,8 @@ def _frontier_from(
     again) where a selection does not fit the model or is priced otherwise than kept. A kept
     refusal stands while the solver may hold no more and take no longer than it could then."""
     if "too_large" in fields:
-        memory_then = fields["memory_limit"]
-        if _raised(solver_memory_limit(), memory_then, margin=MEMORY_LIMIT_MARGIN) or _raised(
+        memory = fields["memory_limit"]
+        if _raised(solver_memory_limit(), memory, margin=MEMORY_LIMIT_MARGIN) or _raised(
             solver_time_limit(), fields["time_limit"]
         ):
             return None  # more room or more time now: try again

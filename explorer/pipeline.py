@@ -186,7 +186,7 @@ def analyze(
         shard_parameters=shard_parameters,
         config_cap=cut_cap(graph, blocks, cut, config_cap),
         batch_outer=blocks.primed,
-        sequence_parallel=any(s.scattered for b in blocks.blocks for s in b.strategies),
+        sequence_parallel=blocks.scattering,
     )
     if not profile:
         return SegmentedStep(

@@ -183,6 +183,11 @@ class BlockAnalysis:
         """Whether some block kept a primed role (E', M') for the outer axis."""
         return any(role.outer_only for block in self.blocks for role in block.roles)
 
+    @property
+    def scattering(self) -> bool:
+        """Whether some block offers a scattering twin (`Strategy.scattered`)."""
+        return any(s.scattered for block in self.blocks for s in block.strategies)
+
     def summary(self, graph: Graph) -> str:
         outer = f", E'/M' for an outer axis of {self.outer_parts}" if self.outer_parts else ""
         lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism}{outer})"]
