@@ -125,7 +125,28 @@ class _Draft:
             ends=tuple(self.ends[:_MAX_END_REASONS]),
             role_notes=self.geometry.notes
             + tuple(f"{role.value} dropped: {why}" for role, why in self.dropped.items()),
+            partial_sums=self._partial_sums(graph),
         )
+
+    def _partial_sums(self, graph: Graph) -> tuple[tuple[DimRole, tuple[int, ...]], ...]:
+        """Per role whose split leaves partial sums, the block's contractions reading that
+        role's dim (as the block reads or owns their operands, every one of them: the
+        scattered contraction is computed on their shards) into a result holding M but not
+        it: where a scattering twin reduce-scatters onto M instead of all-reducing."""
+        wanted = {(op, position): dims for op, position, _, dims in self.operands}
+        found: dict[DimRole, list[int]] = {}
+        for op_id in sorted(self.forward + self.backward):
+            op = graph.ops[op_id]
+            result = self.layouts.get(op.outputs[0]) if op.outputs else None
+            if op.primitive not in CONTRACTION_PRIMITIVES or not result or DimRole.M not in result:
+                continue
+            read = [wanted.get((op_id, p), self.layouts.get(v)) for p, v in enumerate(op.inputs)]
+            if any(dims is None for dims in read):
+                continue  # (an LM head's tied embedding: its embedding block lays it out)
+            for role in (DimRole.K, DimRole.N):
+                if role not in result and any(role in dims for dims in read if dims):
+                    found.setdefault(role, []).append(op_id)
+        return tuple((role, tuple(ops)) for role, ops in found.items())
 
 
 class _State:

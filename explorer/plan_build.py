@@ -22,7 +22,7 @@ from explorer.plan_types import (
     SpaceOptions,
     Versions,
 )
-from explorer.space import shardings
+from explorer.space import scattering_marks, shardings
 
 if TYPE_CHECKING:
     from explorer.platforms import PlatformLike
@@ -85,6 +85,7 @@ def make_plan(
     values = dict(assignment.values)
     inputs = dict(zip(graph.inputs, assignment.inputs, strict=True))
     choices = []
+    chosen = [b.strategies[c] for b, c in zip(blocks.blocks, config.choices, strict=True)]
     for block, choice in zip(blocks.blocks, config.choices, strict=True):
         head = graph.ops[block.head]
         owned = sorted(
@@ -117,7 +118,7 @@ def make_plan(
         blocks=tuple(choices),
         parameters=parameters,
         predicted=Prediction(time, int(memory), int(memory_eq9), budget),
-        boundary_rules=boundary_rules,
+        boundary_rules=boundary_rules + scattering_marks(chosen),
         space=recorded_space(graph, blocks, mesh, space, [c.strategy for c in choices]),
     )
 

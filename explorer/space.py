@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import replace
 
 from explorer import affine
 from explorer.blocks import build_blocks
 from explorer.errors import AnalysisError
 from explorer.ir import (
+    CONTRACTION_PRIMITIVES,
     BlockAnalysis,
     Config,
     DimAxes,
@@ -148,23 +149,30 @@ def stored_twins(strategies: tuple[Strategy, ...]) -> tuple[Strategy, ...]:
 def scattered_twins(
     block: ParallelBlock, strategies: tuple[Strategy, ...], mesh: MeshSpec
 ) -> tuple[Strategy, ...]:
-    """Per strategy splitting K whose M dim also splits over K's axes, its twin
-    reduce-scattering the head's partial sums onto M (`Strategy.scattered`).
+    """Per strategy splitting K, or N and not K, whose M dim also splits over those axes,
+    its twin reduce-scattering partial sums onto M (`Strategy.scattered`): Megatron's
+    sequence parallelism where M is the sequence, chosen block by block.
 
-    Where the head's K split leaves partial sums, the plain strategy all-reduces them and
-    every op after the head computes on whole activations, the same on every device; the
-    twin reduce-scatters them (half an all-reduce's bytes), and those ops (a residual add,
-    a norm, dropout) compute and keep their activations on M-shards instead. Where M is the
-    sequence this is Megatron's sequence parallelism; the next block gathers what it wants
-    whole (the other half), which the boundary between them prices."""
+    Splitting K (row parallel), the head's partial sums: the plain strategy all-reduces
+    them and every op after the head computes on whole activations, the same on every
+    device; the twin reduce-scatters them (half an all-reduce's bytes), and those ops (a
+    residual add, a norm, dropout) compute and keep their activations on M-shards instead.
+    Splitting N (column parallel), the input gradient's: the backward contraction over N
+    that makes it leaves partial sums the plain strategy all-reduces; the twin
+    reduce-scatters them, so the gradient reaches the ops before the block (the norm a row
+    parallel twin left on M-shards) as those ops hold it. Whoever wants either whole
+    gathers it (the other half), which the boundary between the blocks prices."""
     sizes = dict(block.role_sizes)
     if DimRole.M not in sizes:
         return ()
     twins = []
     for strategy in strategies:
-        over = strategy.axes_of(DimRole.K)
+        role = DimRole.K if strategy.axes_of(DimRole.K) else DimRole.N
+        over = strategy.axes_of(role)
         if not over or strategy.stored or strategy.scattered:
             continue
+        if not block.partial_sums_over(role):
+            continue  # nothing to scatter: the twin would be the plain strategy again
         if sizes[DimRole.M] % mesh.axes_size(strategy.axes_of(DimRole.M) + over) == 0:
             twins.append(replace(strategy, scattered=over))
     return tuple(twins)
@@ -287,11 +295,11 @@ def shardings(
             values[layout.value] = dim_axes(graph, layout, strategy)
             storing[layout.value] = strategy.stored
         for operand in block.operand_layouts:
-            operands.append(
-                (operand.op, operand.position, dim_axes(graph, operand.layout, strategy))
-            )
-        if strategy.scattered:
-            scatters.append(_head_scatter(graph, block, strategy))
+            # the head reads its operands whole on M: a column-parallel twin gathers its input
+            wanted = dim_axes(graph, operand.layout, strategy, scattering=False)
+            operands.append((operand.op, operand.position, wanted))
+        scatters.extend(_scatters(graph, block, strategy))
+        operands.extend(_gathered_reads(graph, block, strategy))
     stored = _stored_parameters(graph, values, storing, mesh)
     inputs = _input_shardings(graph, values, {**stored, **(parameter_layouts or {})})
     outputs = _output_shardings(graph, inputs)
@@ -303,27 +311,78 @@ def shardings(
     )
 
 
-def _head_scatter(graph: Graph, block: ParallelBlock, strategy: Strategy) -> Scatter:
-    """How a scattering strategy's head computes: on its operands' layouts under the
-    strategy (as the block wants them read, else as it owns them), its partial sums
-    reduce-scattered over the K axes onto its result's M dim."""
-    head = graph.ops[block.head]
-    wanted = {o.position: o.layout for o in block.operand_layouts if o.op == head.id}
-    operands = []
-    for position, vid in enumerate(head.inputs):
-        layout = wanted.get(position) or block.layout_of(vid)
-        rank = graph.values[vid].type.rank
-        operands.append(dim_axes(graph, layout, strategy) if layout else ((),) * rank)
-    result = block.layout_of(head.outputs[0])
+def _scatters(graph: Graph, block: ParallelBlock, strategy: Strategy) -> list[Scatter]:
+    """The contractions of `block` whose partial sums `strategy` reduce-scatters
+    (`ParallelBlock.partial_sums`): splitting K, the head; splitting N, the backward
+    contraction making the head's input gradient."""
+    role = strategy.scattering_role
+    if role is None:
+        return []
+    return [_scatter(graph, block, strategy, graph.ops[op]) for op in block.partial_sums_over(role)]
+
+
+def _gathered_reads(
+    graph: Graph, block: ParallelBlock, strategy: Strategy
+) -> list[tuple[int, int, DimAxes]]:
+    """Under a scattering strategy, how the block's other contractions read what it keeps on
+    M-shards: whole on M, as the plain strategy has them (the head's operands as the head
+    reads them), gathered once where the twin scattered them: Megatron's backward pass.
+
+    Left to the partitioner, a contraction reading one operand on M-shards and another split
+    on K or N follows the M-shards (`layouts.place`'s leader): a row parallel twin's weight
+    gradient then sums over M-shards into a whole weight, for which XLA:CPU gathered the
+    head's four times wider input, and every device computed all of it."""
+    if not strategy.scattered:
+        return []
+    scattered = set(block.partial_sums_over(strategy.scattering_role or DimRole.K))
+    asked = {(o.op, o.position) for o in block.operand_layouts}  # read whole already
+    head_reads = {o.layout.value: o.layout for o in block.operand_layouts if o.op == block.head}
+    reads = []
+    for op_id in block.forward_ops + block.backward_ops:
+        op = graph.ops[op_id]
+        if op.primitive not in CONTRACTION_PRIMITIVES or op_id in scattered:
+            continue
+        for position, vid in enumerate(op.inputs):
+            owned = block.layout_of(vid)
+            if (op_id, position) in asked:
+                continue
+            if owned is not None:
+                whole = dim_axes(graph, owned, strategy, scattering=False)
+                if whole != dim_axes(graph, owned, strategy):
+                    reads.append((op_id, position, whole))
+            elif vid in head_reads:
+                whole = dim_axes(graph, head_reads[vid], strategy, scattering=False)
+                reads.append((op_id, position, whole))
+    return reads
+
+
+def _read_layouts(block: ParallelBlock, op: OpNode) -> list[ValueLayout | None]:
+    """Per operand of `op`, the layout the block reads it in: as the block wants it read
+    there, else as the block owns it (None: neither)."""
+    wanted = {o.position: o.layout for o in block.operand_layouts if o.op == op.id}
+    return [wanted.get(p) or block.layout_of(vid) for p, vid in enumerate(op.inputs)]
+
+
+def _scatter(graph: Graph, block: ParallelBlock, strategy: Strategy, op: OpNode) -> Scatter:
+    """How a scattered contraction computes: on its operands' layouts under the strategy (as
+    the block wants them read, else as it owns them), its partial sums reduce-scattered over
+    the scattering axes onto its result's M dim."""
+    read = _read_layouts(block, op)
+    if any(layout is None for layout in read):  # `ParallelBlock.partial_sums` knows them all
+        raise AnalysisError(
+            f"block {block.index} ({block.scope}): strategy {strategy.name} scatters the "
+            f"partial sums of op {op.id} ({op.primitive}), but the block does not lay out "
+            "all of its operands"
+        )
+    operands = tuple(dim_axes(graph, layout, strategy) for layout in read if layout is not None)
+    result = block.layout_of(op.outputs[0])
     m_dim = result.dim_of(DimRole.M) if result is not None else None
     if result is None or m_dim is None:
         raise AnalysisError(
-            f"block {block.index} ({block.scope}): strategy {strategy.name} scatters its "
-            "head's partial sums onto M, but the head's result has no M dim"
+            f"block {block.index} ({block.scope}): strategy {strategy.name} scatters the "
+            f"partial sums of op {op.id} ({op.primitive}) onto M, but its result has no M dim"
         )
-    return Scatter(
-        head.id, tuple(operands), dim_axes(graph, result, strategy), m_dim, strategy.scattered
-    )
+    return Scatter(op.id, operands, dim_axes(graph, result, strategy), m_dim, strategy.scattered)
 
 
 def _stored_parameters(
@@ -363,14 +422,20 @@ def stored_layout(
     return used
 
 
-def dim_axes(graph: Graph, layout: ValueLayout, strategy: Strategy) -> DimAxes:
+def dim_axes(
+    graph: Graph, layout: ValueLayout, strategy: Strategy, *, scattering: bool = True
+) -> DimAxes:
     """Per dim of `layout`'s value, the mesh axes that split it under `strategy`.
 
-    A scattering strategy (`Strategy.scattered`) also splits M over its K axes in every
-    value that holds no K dim: the head's result and what follows it, forward and backward,
-    but not the head's operands (nor their gradients), which K splits there."""
+    A scattering strategy (`Strategy.scattered`) also splits M over its scattering axes in
+    every value that holds no dim of its scattering role (unless not `scattering`: how the
+    head reads its operands). Splitting K: the head's result and what follows it, forward
+    and backward, but not the head's operands (nor their gradients), which K splits there.
+    Splitting N: the head's input gradient, which its backward contraction scatters."""
     dims: list[tuple[str, ...]] = [()] * graph.values[layout.value].type.rank
-    scattered = strategy.scattered if layout.dim_of(DimRole.K) is None else ()
+    role = strategy.scattering_role
+    whole = not scattering or role is None or layout.dim_of(role) is not None
+    scattered = () if whole else strategy.scattered
     for role, dim in layout.dims:
         axes = strategy.axes_of(role) + (scattered if role is DimRole.M else ())
         if axes:
@@ -796,6 +861,16 @@ OWNED_BOUNDARIES = "owned-21"
 # `ancestors_changes`: the fused QKV projection's cotangent, handed back past the scores
 # block, was replicated there and now arrives split as the scores read `q` and `k`.
 ANCESTOR_BOUNDARIES = "ancestors-22"
+# `_gathered_reads`: a scattering twin's other contractions read what it scattered whole on
+# M. Its name is the same as before the rule, so its programs (`profile.jobs`) and the plans
+# choosing it (`plan_build.make_plan`) carry this mark beside their keys.
+GATHERED_READS = "gathered-23"
+
+
+def scattering_marks(strategies: Iterable[Strategy]) -> tuple[str, ...]:
+    """The rule marks a program or plan choosing `strategies` carries (`GATHERED_READS`
+    where one of them scatters): none for the others, whose keys stay as they were."""
+    return (GATHERED_READS,) if any(s.scattered for s in strategies) else ()
 
 
 def changed_boundary_rules(

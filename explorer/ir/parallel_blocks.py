@@ -76,11 +76,13 @@ class Strategy:
     gathered where the block uses them, their gradient reduce-scattered, their optimizer
     state sharded. Memory for communication, a trade the solver makes per block.
 
-    `scattered`: mesh axes (those splitting K) over which the head's partial sums are
-    reduce-scattered onto its M dim instead of all-reduced, so every op of the block after
-    the head works on M-shards (Megatron's sequence parallelism where M is the sequence):
-    half an all-reduce's bytes, the block's activations split that much more, and the next
-    block gathers them (the other half) where it wants them whole."""
+    `scattered`: mesh axes over which a contraction's partial sums are reduce-scattered
+    onto M instead of all-reduced (Megatron's sequence parallelism where M is the sequence;
+    `scattering_role` says which split leaves them). Splitting K, the head's own partial
+    sums: every op of the block after the head works on M-shards. Splitting N (and not K),
+    the backward contraction's that makes the head's input gradient: that gradient leaves
+    the block on M-shards. Half an all-reduce's bytes, activations split that much more,
+    and whoever wants them whole gathers them (the other half)."""
 
     assignment: tuple[tuple[DimRole, tuple[str, ...]], ...]
     stored: tuple[str, ...] = ()
@@ -94,6 +96,15 @@ class Strategy:
         if self.scattered:
             split = f"{split},rs@{'+'.join(self.scattered)}"
         return f"{split},params@{'+'.join(self.stored)}" if self.stored else split
+
+    @property
+    def scattering_role(self) -> DimRole | None:
+        """The role whose split leaves the partial sums a scattering strategy reduce-scatters:
+        K where it splits K (the head contracts it), else N (the input gradient's contraction
+        does); values holding that role's dim keep its split, the others are split on M."""
+        if not self.scattered:
+            return None
+        return DimRole.K if self.axes_of(DimRole.K) else DimRole.N
 
     def axes_of(self, role: DimRole) -> tuple[str, ...]:
         for r, axes in self.assignment:
@@ -128,6 +139,9 @@ class ParallelBlock:
     strategies: tuple[Strategy, ...] = ()
     excluded: tuple[ExcludedStrategy, ...] = ()
     role_notes: tuple[str, ...] = ()  # why a role took the dim it did, or is not offered
+    # per role (K, N), the block's contractions summing over its dim into a result holding M
+    # (the head for K; the input gradient's, backward, for N): what a scattering twin scatters
+    partial_sums: tuple[tuple[DimRole, tuple[int, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         members = self.forward_ops + self.backward_ops + self.branch_ops
@@ -143,6 +157,11 @@ class ParallelBlock:
     @property
     def roles(self) -> tuple[DimRole, ...]:
         return tuple(role for role, _ in self.role_sizes)
+
+    def partial_sums_over(self, role: DimRole) -> tuple[int, ...]:
+        """The contractions whose partial sums a strategy splitting `role` leaves, each
+        making a value that holds M (`partial_sums`)."""
+        return dict(self.partial_sums).get(role, ())
 
     def layout_of(self, value: int) -> ValueLayout | None:
         for layout in self.layouts:

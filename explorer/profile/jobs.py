@@ -43,6 +43,7 @@ from explorer.space import (
     owned_first_changes,
     pair_boundaries,
     reshard_signatures,
+    scattering_marks,
     segment_input_layouts,
     tracing_changes,
 )
@@ -176,13 +177,15 @@ class _Context:
                 names = configuration_name(
                     blocks, instance.blocks, tuple(choices), depends, context
                 )
+                chosen = zip(instance.blocks + depends, (*choices, *context), strict=True)
+                marks = scattering_marks(blocks[b].strategies[c] for b, c in chosen)
                 yield _Job(
                     kind="segment",
                     segment=unique.id,
                     label=unique.label,
                     choices=tuple(choices),
                     config=names,
-                    key=self.key(unique.fingerprint, names, program_hash),
+                    key=self.key(unique.fingerprint, names, ":".join((program_hash, *marks))),
                     build=self._segment_builder(instance.index, tuple(choices), context),
                     context=context,
                 )
