@@ -32,9 +32,10 @@ BATCH_OUTER_HELP = (
     "each block the batch's own dim on the outer axis (M', E') with any role on the inner one"
 )
 SEQUENCE_PARALLEL_HELP = (
-    "also offer each block splitting K its twin reduce-scattering the partial sums onto M "
-    "(the sequence, or the batch where it splits) instead of all-reducing them, so the ops "
-    "after the head work on shards (Megatron's sequence parallelism)"
+    "also offer each block splitting K (or N) its twin reduce-scattering the head's partial "
+    "sums (the input gradient's) onto M (the sequence, or the batch where it splits) instead "
+    "of all-reducing them, so the ops between the blocks work on shards (Megatron's sequence "
+    "parallelism)"
 )
 CONFIG_CAP_HELP = (
     "the most configurations one unique segment may have before it is cut at a block boundary "

@@ -118,8 +118,10 @@ def analyze(
     ZeRO-3/FSDP does: the solver then trades their gathers for memory block by block.
     `sequence_parallel` offers every block whose strategy splits K a twin reduce-scattering
     the head's partial sums onto M instead of all-reducing them, so the ops after the head
-    work on M-shards (Megatron's sequence parallelism where M is the sequence): the same
-    bytes moved, less activation memory, and a gather where the next block wants them whole.
+    work on M-shards, and every block whose strategy splits N (not K) a twin doing the same
+    with its input gradient's partial sums in the backward pass (Megatron's sequence
+    parallelism where M is the sequence): the same bytes moved, less activation memory, and
+    a gather where a block wants them whole.
     `config_cap` caps the configurations of one unique segment: a type over it is cut at its
     block boundaries into smaller types (a block alone over it is refused, naming the block).
     `only(kind, label, configuration)` restricts profiling (and so the plans) to the programs

@@ -16,7 +16,10 @@ batch of 4 where M, placed for 8 parts, takes the sequence), and pins M' (else E
 outer axis beside the paper's strategies, each with every unprimed role on the inner axis.
 With `stored_parameters` a block owning
 parameters also gets ZeRO-3 twins: each batch-splitting strategy once more, its parameters
-kept sharded over the batch axes between steps (`Strategy.stored`). A strategy that cannot
+kept sharded over the batch axes between steps (`Strategy.stored`). With
+`sequence_parallel` each strategy splitting K, or N and not K, gets a scattering twin:
+partial sums reduce-scattered onto M instead of all-reduced (`Strategy.scattered`,
+Megatron's sequence parallelism block by block). A strategy that cannot
 apply is kept in `ParallelBlock.excluded` with the reason; a block left with none keeps only
 the replicated strategy.
 
@@ -74,8 +77,9 @@ def build_space(
     """The same blocks, each with its strategies (and excluded strategies) on `mesh`
     (`free_axes`, `whole_mesh`: the 2-D spaces the module docstring describes).
 
-    `sequence_parallel` adds, after every plain strategy, each one splitting K again with
-    its partial sums reduce-scattered onto M (`Strategy.scattered`, `scattered_twins`).
+    `sequence_parallel` adds, after every plain strategy, each one splitting K (or N) again
+    with its partial sums (its input gradient's) reduce-scattered onto M
+    (`Strategy.scattered`, `scattered_twins`).
 
     `stored_parameters` (value ids of the step's parameters; `parameter_ids`) adds the
     ZeRO-3 twins: a block owning one of them gets, beside each strategy that splits its
