@@ -30,7 +30,7 @@ RTOL, ATOL = 2e-4, 2e-5
 
 @pytest.mark.parametrize("model", ["gpt", "moe"])
 @pytest.mark.parametrize("mesh", [(4,), (2, 2)])
-def test_each_strategy_splitting_k_gets_a_scattering_twin_after_the_paper_s(
+def test_each_strategy_splitting_k_or_n_gets_a_scattering_twin_after_the_paper_s(
     model: str, mesh: tuple[int, ...]
 ) -> None:
     graph, _ = analysed(model, (4,))
