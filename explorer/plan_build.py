@@ -86,7 +86,7 @@ def make_plan(
     inputs = dict(zip(graph.inputs, assignment.inputs, strict=True))
     choices = []
     chosen = [b.strategies[c] for b, c in zip(blocks.blocks, config.choices, strict=True)]
-    for block, choice in zip(blocks.blocks, config.choices, strict=True):
+    for block, strategy in zip(blocks.blocks, chosen, strict=True):
         head = graph.ops[block.head]
         owned = sorted(
             # membership, not truth: a rank-0 value's layout is `()`, falsy but present
@@ -99,7 +99,7 @@ def make_plan(
                 index=block.index,
                 scope=block.scope,
                 head=f"{head.input_types[0]} x {head.input_types[1]}",
-                strategy=block.strategies[choice].name,
+                strategy=strategy.name,
                 values=tuple(dict(owned).items()),
             )
         )

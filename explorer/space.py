@@ -171,7 +171,7 @@ def scattered_twins(
         return ()
     twins = []
     for strategy in strategies:
-        role = DimRole.K if strategy.axes_of(DimRole.K) else DimRole.N
+        role = strategy.partial_sum_role
         over = strategy.axes_of(role)
         if not over or strategy.stored or strategy.scattered:
             continue
@@ -336,20 +336,22 @@ def _gathered_reads(
     on K or N follows the M-shards (`layouts.place`'s leader): a row parallel twin's weight
     gradient then sums over M-shards into a whole weight, for which XLA:CPU gathered the
     head's four times wider input, and every device computed all of it."""
-    if not strategy.scattered:
+    role = strategy.scattering_role
+    if role is None:
         return []
-    scattered = set(block.partial_sums_over(strategy.scattering_role or DimRole.K))
+    scattered = set(block.partial_sums_over(role))
     asked = {(o.op, o.position) for o in block.operand_layouts}  # read whole already
     head_reads = {o.layout.value: o.layout for o in block.operand_layouts if o.op == block.head}
+    layouts = {layout.value: layout for layout in block.layouts}
     reads = []
     for op_id in block.forward_ops + block.backward_ops:
         op = graph.ops[op_id]
         if op.primitive not in CONTRACTION_PRIMITIVES or op_id in scattered:
             continue
         for position, vid in enumerate(op.inputs):
-            owned = block.layout_of(vid)
             if (op_id, position) in asked:
                 continue
+            owned = layouts.get(vid)
             if owned is not None:
                 whole = dim_axes(graph, owned, strategy, scattering=False)
                 if whole != dim_axes(graph, owned, strategy):

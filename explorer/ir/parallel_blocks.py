@@ -98,13 +98,17 @@ class Strategy:
         return f"{split},params@{'+'.join(self.stored)}" if self.stored else split
 
     @property
-    def scattering_role(self) -> DimRole | None:
-        """The role whose split leaves the partial sums a scattering strategy reduce-scatters:
-        K where it splits K (the head contracts it), else N (the input gradient's contraction
-        does); values holding that role's dim keep its split, the others are split on M."""
-        if not self.scattered:
-            return None
+    def partial_sum_role(self) -> DimRole:
+        """The role whose split leaves the partial sums a scattering twin would reduce-scatter:
+        K where the strategy splits K (the head contracts it), else N (the input gradient's
+        contraction does)."""
         return DimRole.K if self.axes_of(DimRole.K) else DimRole.N
+
+    @property
+    def scattering_role(self) -> DimRole | None:
+        """A scattering strategy's `partial_sum_role`: values holding that role's dim keep its
+        split, the others are split on M (None: the strategy scatters nothing)."""
+        return self.partial_sum_role if self.scattered else None
 
     def axes_of(self, role: DimRole) -> tuple[str, ...]:
         for r, axes in self.assignment:
