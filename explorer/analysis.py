@@ -184,6 +184,7 @@ class SegmentedStep:
                 parameter_layouts=layouts,
                 boundary_rules=rules,
                 space=self.space,
+                segmentation=self.segments,
             )
 
         return self._priced_by_evaluation(plan_with, evaluations)
@@ -436,6 +437,7 @@ class Analysis(SegmentedStep):
             budget=budget,
             boundary_rules=self.boundary_rules,
             space=self.space,
+            segmentation=self.segments,
         )
 
     def _summary_lines(self) -> list[str]:

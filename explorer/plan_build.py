@@ -10,6 +10,7 @@ import jax
 
 from explorer.errors import PlanError
 from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, Segmentation, ValueKind
+from explorer.layouts import MOVED_ONCE, place, shared_moves
 from explorer.mesh import MeshSpec
 from explorer.plan_space import recorded_space
 from explorer.plan_types import (
@@ -78,9 +79,11 @@ def make_plan(
     parameter_layouts: dict[str, DimAxes] | None = None,
     boundary_rules: tuple[str, ...] = (),
     space: SpaceOptions = PAPER_SPACE,
+    segmentation: Segmentation | None = None,
 ) -> Plan:
     """The block plan of `config` in `blocks` (the space `space` made), as the solver or a
-    baseline priced it."""
+    baseline priced it. With the `segmentation` its whole step is placed on, the plan is
+    marked `MOVED_ONCE` where readers share a boundary tensor's move (`shared_moves`)."""
     assignment = shardings(graph, blocks.blocks, config, mesh, parameter_layouts)
     values = dict(assignment.values)
     inputs = dict(zip(graph.inputs, assignment.inputs, strict=True))
@@ -118,9 +121,36 @@ def make_plan(
         blocks=tuple(choices),
         parameters=parameters,
         predicted=Prediction(time, int(memory), int(memory_eq9), budget),
-        boundary_rules=boundary_rules + scattering_marks(chosen),
+        boundary_rules=boundary_rules
+        + scattering_marks(chosen)
+        + _moved_once(
+            graph,
+            blocks,
+            config,
+            mesh=mesh,
+            segmentation=segmentation,
+            parameter_layouts=parameter_layouts,
+        ),
         space=recorded_space(graph, blocks, mesh, space, [c.strategy for c in choices]),
     )
+
+
+def _moved_once(
+    graph: Graph,
+    blocks: BlockAnalysis,
+    config: Config,
+    *,
+    mesh: MeshSpec,
+    segmentation: Segmentation | None,
+    parameter_layouts: Mapping[str, DimAxes] | None,
+) -> tuple[str, ...]:
+    """`(MOVED_ONCE,)` where the whole step placed on `segmentation` shares a move."""
+    if segmentation is None:
+        return ()
+    placement = place(
+        graph, blocks.blocks, config, mesh, segmentation, parameter_layouts=parameter_layouts
+    )
+    return (MOVED_ONCE,) if shared_moves(graph, placement.assignment) else ()
 
 
 def make_layout_plan(

@@ -11,7 +11,7 @@ out, as XLA:GPU's partitioner would make it and XLA:CPU's does not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from explorer import _jax_compat as jc
 from explorer.errors import ArgumentMismatchError
-from explorer.ir import Graph, Scatter, ShardingAssignment, ValueKind, path_suffix
+from explorer.ir import DimAxes, Graph, Scatter, ShardingAssignment, ValueKind, path_suffix
 from explorer.mesh import named_sharding, partition_spec
 
 
@@ -97,13 +97,15 @@ def realize(
     constrain_value, constrain_operand = _hooks(assignment, mesh, eqn_of_op)
     rebind = _scattering(assignment, mesh, eqn_of_op)
     program = graph.program
+    layouts = {(op, position): dims for op, position, dims in assignment.operands}
+    crossing = {read: layouts[read] for read in assignment.crossing_reads}
 
     def sharded_step(*flat: Any) -> Any:
         results = jc.evaluate(
             program,
             flat,
             constrain_value,
-            constrain_operand,
+            _moving_once(constrain_operand, crossing),  # fresh per trace: its tracers
             keep_loops=keep_loops,
             rebind=rebind,
         )
@@ -145,6 +147,27 @@ def _hooks(
         return _constrain(x, sharding) if sharding is not None else x
 
     return constrain_value, constrain_operand
+
+
+def _moving_once(
+    constrain_operand: Callable[[int, int, Any], Any],
+    crossing: Mapping[tuple[int, int], DimAxes],
+) -> Callable[[int, int, Any], Any]:
+    """`constrain_operand` where the readers of one boundary tensor in one layout (`crossing`:
+    (equation, position) -> layout) read one constrained copy of it, as the resharding
+    program priced one move; a copy per reader would be resharded once per reader."""
+    copies: dict[tuple[int, DimAxes], tuple[Any, Any]] = {}
+
+    def read(eqn: int, position: int, x: Any) -> Any:
+        dims = crossing.get((eqn, position))
+        if dims is None:
+            return constrain_operand(eqn, position, x)
+        key = (id(x), dims)  # the same array (not one rematerialised apart), the same layout
+        if key not in copies:  # x is kept with its copy, so its id is not reused
+            copies[key] = (x, constrain_operand(eqn, position, x))
+        return copies[key][1]
+
+    return read
 
 
 def _scattering(
@@ -241,6 +264,8 @@ def segment_program(
             dims = values.get(vid, ((),) * graph.values[vid].type.rank)
         shardings.append(named_sharding(mesh, dims))
     eqn_position = {op: i for i, op in enumerate(sorted(set(ops)))}
+    # every read of a boundary tensor reads an input arriving in that read's layout, so
+    # there is no move to share (`assignment.crossing_reads` is for the whole step)
     constrain_value, constrain_operand = _hooks(assignment, mesh, eqn_position)
     rebind = _scattering(assignment, mesh, eqn_position)
     late = [v for v in after[0] if v in set(program.invars)]

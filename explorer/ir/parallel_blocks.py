@@ -274,6 +274,10 @@ class ShardingAssignment:
     values: tuple[tuple[int, DimAxes], ...]  # producer side: value id -> layout
     operands: tuple[tuple[int, int, DimAxes], ...]  # consumer side: (op id, position) -> layout
     scatters: tuple[Scatter, ...] = ()  # by op id
+    # (op id, position), sorted, of the reads in `operands` of a tensor made split that
+    # crosses a segment boundary: its readers in one layout read one moved copy, as the
+    # resharding program prices one move (T_R) and a segment program receives one input
+    crossing_reads: tuple[tuple[int, int], ...] = ()
 
     def value_map(self) -> dict[int, DimAxes]:
         return dict(self.values)

@@ -19,10 +19,18 @@ from explorer.layouts.dependencies import (
     split_by_dependencies,
     twin_config,
 )
-from explorer.layouts.placement import PARTIAL_REDUCTIONS, Placement, boundary_reads, place
+from explorer.layouts.placement import (
+    MOVED_ONCE,
+    PARTIAL_REDUCTIONS,
+    Placement,
+    boundary_reads,
+    place,
+    shared_moves,
+)
 
 __all__ = [
     "CONTEXT_SEPARATOR",
+    "MOVED_ONCE",
     "PARTIAL_REDUCTIONS",
     "Placement",
     "boundary_reads",
@@ -33,6 +41,7 @@ __all__ = [
     "loop_twins",
     "place",
     "replicated",
+    "shared_moves",
     "split_by_dependencies",
     "twin_config",
 ]

@@ -18,7 +18,13 @@ sharding propagation that the cost model has not seen (DESIGN, method step 3):
   slicing a replicated tensor moves nothing (a loss's one-hot of replicated labels).
 - **Readers.** Every op reads each operand in an explicit layout: where that differs from the
   layout the operand was produced in, the reader carries a constraint, so the resharding
-  happens where the priced program put it.
+  happens where the priced program put it. The readers of a boundary tensor made split
+  that read it in one other layout share one move (`ShardingAssignment.crossing_reads`):
+  the resharding program prices one move per tensor, and the next segment's program
+  receives it once, as one input. A move per reader leaves the partitioner one resharded
+  copy per reader, and a contraction reading each copy gathers it again (the forward and
+  the weight-gradient contractions of a layer's first block: one all-gather more per layer
+  than was priced). A tensor made whole is sliced where it is read: nothing moves.
 
 The same placement drives the segment programs, `evaluate` and `apply_plan`, so the program
 that runs is, collective for collective, the program whose pieces were priced. `sources`
@@ -88,6 +94,24 @@ def place(
     return walk.result(core)
 
 
+# The mark of a plan whose whole step shares a boundary tensor's move among its readers
+# (`shared_moves`): before the rule its step moved the tensor once per reader, so a whole step
+# kept under its document from then is not this one. A plan with no such tensor compiles as
+# before and keeps its document.
+MOVED_ONCE = "moved-once-24"
+
+
+def shared_moves(graph: Graph, assignment: ShardingAssignment) -> tuple[tuple[int, int], ...]:
+    """The moves of boundary tensors two readers or more share: (value id, readers), one per
+    tensor and layout read (`ShardingAssignment.crossing_reads`)."""
+    layout = {(op, position): dims for op, position, dims in assignment.operands}
+    readers: dict[tuple[int, DimAxes], int] = {}
+    for op, position in assignment.crossing_reads:
+        key = (graph.ops[op].inputs[position], layout[(op, position)])
+        readers[key] = readers.get(key, 0) + 1
+    return tuple((vid, count) for (vid, _), count in readers.items() if count > 1)
+
+
 def boundary_reads(segmentation: Segmentation, graph: Graph) -> set[tuple[int, int]]:
     """(value id, reading segment) of every tensor crossing a boundary: where T_R applies."""
     reads: set[tuple[int, int]] = set()
@@ -122,6 +146,7 @@ class _Walk:
         self.reads: dict[tuple[int, int], DimAxes] = {}  # (op, position) -> layout it reads
         self.fixed_reads: dict[tuple[int, int], DimAxes] = {}
         self.read_sources: dict[tuple[int, int], frozenset[int]] = {}
+        self.crossing: set[tuple[int, int]] = set()  # reads of boundary tensors
         self.unplaced: list[int] = []
         self._result_maps: dict[int, tuple[affine.AffineMap | None, ...] | None] = {}
         owner: dict[int, int] = {}
@@ -194,6 +219,7 @@ class _Walk:
                         if operand == vid:
                             self.fixed_reads[(user, position)] = wanted
                             self.read_sources[(user, position)] = _only(reader_block)
+                            self.crossing.add((user, position))
 
     def run(self) -> None:
         for op in self.graph.ops:
@@ -405,8 +431,16 @@ class _Walk:
             )
         )
         sources = tuple(self.source.get(v.id, frozenset()) for v in graph.values)
+        # a boundary tensor made whole is sliced where it is read, which moves nothing: its
+        # reads stay their own (only tensors made split are moved, once)
+        crossing = tuple(
+            (op, position)
+            for op, position, _ in operands
+            if (op, position) in self.crossing
+            and any(self.layout.get(graph.ops[op].inputs[position], ()))
+        )
         assignment = ShardingAssignment(
-            core.mesh_axes, core.inputs, core.outputs, values, operands, core.scatters
+            core.mesh_axes, core.inputs, core.outputs, values, operands, core.scatters, crossing
         )
         return Placement(assignment, sources, tuple(self.unplaced))
 
