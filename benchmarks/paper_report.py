@@ -301,9 +301,9 @@ def best_of_spaces(frame: pd.DataFrame) -> pd.DataFrame:
     """Per case, the plan CFP predicts fastest over every space it searched for the case (the
     paper's, and each wider one profiled for it), as rows `BEST_ROW` and `BEST_GPU_ROW` whose
     column "space" names the space it came from. Chosen as a user would choose it, by
-    prediction alone, never by the truth: each space's plan is already the fastest it predicts
-    within the device memory (on XLA:GPU's memory for the GPU's row, among those that fit
-    there), and the fastest predicted of them wins, the paper's on a tie. Where no space has
+    prediction alone, never by the truth's time: each space's plan is already the fastest of
+    its frontier whose compiled step fits the device memory (on XLA:GPU's memory for the
+    GPU's row), and the fastest predicted of them wins, the paper's on a tie. Where no space has
     a plan, the paper space's row stands, with its note."""
     picked = []
     for _, by_plan in _plans_by_case(frame):
@@ -391,6 +391,35 @@ def _wider_space_lines(
     )
 
 
+STEPPED_DOWN = "plans compiled to find one that fits"  # `CompiledFit.summary`'s words
+NONE_COMPILED_FITS = "no plan compiled fits"  # `fastest_plan_that_fits`'s refusal
+
+
+def edge_lines(frame: pd.DataFrame) -> list[str]:
+    """The section on the CFP plans at the budget's edge: each space's row whose fastest
+    predicted plan within the device memory was over it compiled, and what was done."""
+    from explorer.compiled_fit import DEFAULT_MAX_COMPILES
+
+    if frame.empty:
+        return []
+    rows = frame[frame["plan"].str.startswith("cfp") & ~frame["plan"].str.endswith("_gpu")]
+    notes = rows["note"].fillna("").astype(str)
+    edge = rows[notes.str.contains(STEPPED_DOWN) | notes.str.startswith(NONE_COMPILED_FITS)]
+    about = (
+        "Each space's CFP plan is the fastest of its frontier whose whole step, compiled, fits "
+        "the device memory (`explorer.fastest_plan_that_fits`): the fastest predicted within "
+        "it is compiled first and, where its step needs more, the next plans down the "
+        f"frontier, fastest first, up to {DEFAULT_MAX_COMPILES}. The predicted memory is within "
+        "a few per cent of the compiled step's, and the fastest plan within a budget sits at "
+        "its edge. "
+    )
+    heading = ["", "## At the budget's edge", ""]
+    if edge.empty:
+        return [*heading, about + f"None of the {len(rows)} CFP rows met it."]
+    items = [f"- **{row['case']}**, `{row['plan']}`: {row['note']}." for _, row in edge.iterrows()]
+    return [*heading, about + f"{len(edge)} of the {len(rows)} CFP rows met it:", "", *items]
+
+
 def _best_lines(frame: pd.DataFrame, done: int, losses: list[dict[str, Any]]) -> list[str]:
     """The report's section on the plan CFP predicts fastest over every space it searched."""
     best = as_cfp(frame, BEST_ROW) if "plan" in frame else frame.iloc[0:0]
@@ -400,7 +429,8 @@ def _best_lines(frame: pd.DataFrame, done: int, losses: list[dict[str, Any]]) ->
         "the batch on the outer axis where the batch splits over every device, and for the "
         "default cap where it cuts the step as the run's cap does, a wider space is one "
         "already searched). "
-        "Each space's plan is the fastest it predicts within the device memory; the fastest "
+        "Each space's plan is the fastest of its frontier whose compiled step fits the "
+        "device memory (fastest predicted first); the fastest "
         "predicted of them is chosen, by prediction alone, as a user comparing the spaces "
         "would choose (`space` names it). Each space's prediction is of its own cut of the "
         "step, so choosing between them is only as good as those predictions; the error "
@@ -579,6 +609,7 @@ def write_report(run: PaperRun, *, finished: bool, readme: Path | None = None) -
     for space in WIDER_SPACES:
         lines += _wider_space_lines(frame, len(run.done), space, losses)
     lines += _best_lines(frame, len(run.done), losses)
+    lines += edge_lines(frame)
     lines += ["", "## Not run", ""]
     lines += [f"- {line}" for line in run.skipped]
     lines += [f"- {label}: not reached before the run ended" for label in missing]

@@ -5,6 +5,7 @@ Public verbs only; the stages live in their own modules and `pipeline` chains th
 
 from explorer import explain, models
 from explorer.across_spaces import fastest_plan
+from explorer.compiled_fit import fastest_plan_that_fits
 from explorer.errors import ExplorerError
 from explorer.ir import Graph
 from explorer.pipeline import Analysis, SegmentedStep, analyze
@@ -22,6 +23,7 @@ __all__ = [
     "evaluate",
     "explain",
     "fastest_plan",
+    "fastest_plan_that_fits",
     "load_plan",
     "models",
     "trace",

@@ -18,7 +18,7 @@ from typing import Any
 
 from explorer import models
 from explorer.cluster.join import add_cluster_arguments
-from explorer.errors import ExplorerError, InputError, ProfilingCancelled
+from explorer.errors import ExplorerError, InputError, NoPlanFitsError, ProfilingCancelled
 from explorer.units import format_bytes, parse_bytes
 
 # The exit status of a run stopped by Ctrl-C, as shells report a process ended by SIGINT.
@@ -75,6 +75,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="judge memory on the platform's GPU: compile each plan's step with XLA:GPU (no "
         "GPU needed) and choose the fastest plan that fits there",
+    )
+    plan.add_argument(
+        "--verify-fit",
+        action="store_true",
+        help="compile the chosen plan's whole step and, where it needs more than the budget "
+        "(default: the device's memory) though predicted within it, the next plans down the "
+        "frontier, fastest first, until one fits (the predictions are within a few per cent; "
+        "the fastest plan sits at the budget's edge)",
     )
     plan.add_argument(
         "--each-space",
@@ -298,6 +306,30 @@ def _fastest_over_spaces(analyses: list[Any], names: list[str], budget: float | 
     return fastest_of(analyses, plans, budget)
 
 
+def _verified_fit(
+    analyses: list[Any], names: list[str], step: Any, example: Any, budget: float | None
+) -> Any:
+    """Each space's fastest plan whose compiled step fits, printed with how it was found, and
+    the one predicted fastest (the earlier space's on a tie)."""
+    from explorer.compiled_fit import fastest_plan_that_fits
+
+    fits = []
+    for name, analysis in zip(names, analyses, strict=True):
+        try:
+            fit = fastest_plan_that_fits(analysis, step, *example, memory_budget=budget)
+        except NoPlanFitsError as err:
+            if len(analyses) == 1:
+                raise
+            print(f"space {name}: {err}")
+            continue
+        fits.append(fit)
+        where = f"space {name}: " if len(analyses) > 1 else ""
+        print(f"{where}verified: {fit.summary()}")
+    if not fits:
+        raise NoPlanFitsError(f"no plan of the {len(analyses)} spaces fits compiled (above)")
+    return min(fits, key=lambda fit: fit.plan.predicted.time)  # min keeps the first of equals
+
+
 def _fastest_on_gpu_over_spaces(
     analyses: list[Any], names: list[str], step: Any, example: Any, budget: float | None
 ) -> Any:
@@ -423,6 +455,16 @@ def _plan(args: argparse.Namespace) -> int:
     mesh = mesh_spec(args.mesh)
     platform = load_platform(args.platform)
     spaces = _spaces_asked(args)
+    if args.verify_fit and (args.gpu_memory or args.no_profile):
+        other = (
+            "--gpu-memory (which judges the fit by XLA:GPU's memory)"
+            if args.gpu_memory
+            else "--no-profile (which leaves no frontier to choose from)"
+        )
+        raise InputError(
+            "--verify-fit compiles frontier plans until one fits by XLA:CPU's compiled step: "
+            f"expected it without {other}, found both"
+        )
     if args.gpu_memory:  # a platform that is no known GPU, or no compiler for it, fails now
         from explorer._jax_compat.deviceless import plugin_versions
         from explorer.platforms.gpu_targets import gpu_target
@@ -484,6 +526,9 @@ def _plan(args: argparse.Namespace) -> int:
             f"chosen on the GPU: {fit.memory.peak / 2**30:.3f} GiB on {fit.memory.gpu} "
             f"(XLA:GPU; {len(fit.compiled)} frontier plans compiled for it to find this one)"
         )
+    elif args.verify_fit:
+        verified = _verified_fit(analyses, list(spaces), step, example, budget)
+        chosen = verified.plan
     elif len(analyses) > 1:
         chosen = _fastest_over_spaces(analyses, list(spaces), budget)
     else:
@@ -500,7 +545,8 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"chosen: {chosen.summary()}")
     gpu_column = f" {'GPU GiB':>10}" if args.gpu_memory else ""
     print(f"{'plan':10} {'predicted ms':>12} {'evaluated ms':>12} {'memory GiB':>10}{gpu_column}")
-    print(_row("cfp", chosen, evaluate(chosen, step, *example)) + on_gpu(chosen))
+    truth = verified.truth if args.verify_fit else evaluate(chosen, step, *example)
+    print(_row("cfp", chosen, truth) + on_gpu(chosen))
     for name in BASELINES:  # fsdp and alpa are priced by evaluation: predicted = evaluated
         try:
             plan = analysis.baseline(name)

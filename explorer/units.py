@@ -63,11 +63,12 @@ def parse_bytes(value: object, field: str = "memory_budget") -> float:
     return int(amount) if isinstance(value, str) else amount
 
 
-def format_bytes(amount: float) -> str:
-    """`amount` bytes in the largest binary unit that keeps it >= 1 (`1.5 GiB`)."""
+def format_bytes(amount: float, digits: int = 3) -> str:
+    """`amount` bytes in the largest binary unit that keeps it >= 1 (`1.5 GiB`), to `digits`
+    significant digits."""
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(amount) >= scale:
-            return f"{amount / scale:.3g} {unit}"
+            return f"{amount / scale:.{digits}g} {unit}"
     return f"{amount:.0f} B"
 
 

@@ -36,6 +36,7 @@ from benchmarks.paper_report import (
     best_of_spaces,
     case_table,
     cold_cost,
+    edge_lines,
     goals,
     judged_on_gpu,
     unfitted,
@@ -135,6 +136,32 @@ def test_a_case_where_only_a_baseline_fits_the_device_counts_as_a_loss() -> None
     )
     neither = pd.DataFrame([*won, row("oom", "cfp", math.nan, False), row("oom", "dp", 2.0, False)])
     assert unfitted(neither) == [] and "1 of 1 cases (goal" in goals(neither)[0]
+
+
+def test_the_report_lists_each_cfp_plan_that_met_the_budgets_edge() -> None:
+    def row(case: str, plan: str, note: Any) -> dict[str, Any]:
+        return {"case": case, "plan": plan, "note": note}
+
+    stepped = "2 plans compiled to find one that fits 40.00 GiB: the faster ones need more (x)"
+    over = "no plan compiled fits 40.00 GiB per device: 8 compiled, fastest first (y)"
+    frame = pd.DataFrame(
+        [
+            row("a", "cfp", math.nan),
+            row("a", "cfp_gpu", stepped),  # XLA:GPU's choice: its own section says how
+            row("a", "dp", stepped),  # no CFP row
+            row("b", "cfp_whole", stepped),
+            row("c", "cfp", over),
+            row("c", "cfp_seq_default_cap", "no plan fits 40 GiB: the smallest predicted needs"),
+        ]
+    )
+    lines = edge_lines(frame)
+    assert lines[1] == "## At the budget's edge"
+    assert lines[3].endswith("up to 8. The predicted memory is within a few per cent of the "
+                             "compiled step's, and the fastest plan within a budget sits at its "
+                             "edge. 2 of the 4 CFP rows met it:")  # fmt: skip
+    assert lines[5:] == [f"- **b**, `cfp_whole`: {stepped}.", f"- **c**, `cfp`: {over}."]
+    assert edge_lines(frame.iloc[:1])[-1].endswith("None of the 1 CFP rows met it.")
+    assert edge_lines(frame.iloc[0:0]) == []
 
 
 def test_the_cold_goal_adds_each_cases_profiling_and_names_the_batches_that_do_not_split() -> None:
@@ -273,11 +300,19 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
 
     cfp = frame[frame["plan"] == "cfp"].set_index("case")
     # by construction: the CFP plan is the fastest predicted plan of the profiled space
-    # that fits the device, so no profiled template that fits is predicted faster
+    # within the device memory whose compiled step was not found over it, so where the
+    # fastest predicted one fits compiled, no profiled template within it is predicted faster
     assert list(cfp["predicted_s"]) == pytest.approx(list(cfp["cfp_space_min_s"]), rel=1e-12)
     assert (cfp["predicted_memory"] <= cfp["device_memory"]).all()
+    # and its compiled step was checked to fit: only where none of the plans compiled fits
+    # does the fastest predicted stand, over the device, and the note says so
+    assert (cfp["fits"] | cfp["note"].fillna("").str.startswith("no plan compiled fits")).all()
     templates = frame[frame["plan"].isin(["dp", "megatron"])]
-    fitting = templates[templates["predicted_memory"] <= templates["device_memory"]]
+    first_fits = cfp.index[~cfp["note"].fillna("").str.contains("plans compiled to find")]
+    fitting = templates[
+        (templates["predicted_memory"] <= templates["device_memory"])
+        & templates["case"].isin(first_fits)
+    ]
     for row in fitting.to_dict("records"):
         assert cfp.loc[row["case"], "predicted_s"] <= row["predicted_s"] * (1 + 1e-12), row
     # FSDP and the ILP are priced by compiling their whole step: prediction is the truth

@@ -93,6 +93,8 @@ ZOO = ["plan", "--model", "gpt", "--preset", "tiny", "--mesh", "4"]
         (["--each-space"], "--each-space"),  # nothing to compare with the paper's space
         (["--each-space", "--whole-mesh", "--no-profile"], "--each-space"),
         (["--each-space", "--gpu-memory"], "--each-space"),  # still nothing to compare
+        (["--verify-fit", "--gpu-memory"], "--verify-fit"),  # two judges of the fit
+        (["--verify-fit", "--no-profile"], "--verify-fit"),  # no frontier to go down
         (["--config-cap", "0"], "--config-cap"),
         (["--config-cap", "many"], "--config-cap"),
     ],
@@ -155,6 +157,32 @@ def test_plan_over_each_space_prints_each_plan_and_keeps_the_fastest_predicted(
     assert re.search(r"^space whole-mesh: cfp plan on mesh .* ms/step", printed, re.MULTILINE)
     assert f"chosen: {chosen.summary()}" in printed
     assert chosen.space is None  # the paper's plan, not the whole-mesh space's twin
+
+
+def test_plan_verifying_the_fit_writes_the_fastest_plan_whose_compiled_step_fits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--verify-fit` at a budget the fastest predicted plan's compiled step misses (its own
+    predicted memory: the tiny GPT's predictions on mesh 4 run a little low) writes a slower
+    plan whose compiled step fits, and says how it was found."""
+    import explorer as ex
+
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny())
+    analysis = ex.analyze(
+        step, *args, mesh=(4,), platform="a100-pcie-8", cache=SHARED_CACHE, progress=False
+    )
+    fastest = analysis.plan()
+    budget = fastest.memory
+    assert ex.evaluate(fastest, step, *args).memory > budget, "the test needs a missed budget"
+    out = tmp_path / "plan.json"
+    argv = [*ZOO, "--cache", str(SHARED_CACHE), "--verify-fit", "--budget", str(budget)]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    chosen = load_plan(out)
+    assert "verified: " in printed and "plans compiled to find one that fits" in printed
+    assert chosen.time > fastest.time and chosen.memory <= budget
+    assert ex.evaluate(chosen, step, *args).memory <= budget
+    assert f"chosen: {chosen.summary()}" in printed
 
 
 @pytest.mark.slow  # XLA:GPU compiles of the chosen plan and of every baseline for the table
