@@ -15,16 +15,14 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from explorer.analysis import Analysis, SegmentedStep
 from explorer.errors import InputError, NoPlanFitsError
 from explorer.evaluation import Evaluation, evaluate
 from explorer.evaluation_store import EvaluationStore
 from explorer.plan_types import Plan
 from explorer.units import BytesLike, format_bytes, parse_bytes
-
-if TYPE_CHECKING:
-    from explorer.analysis import Analysis
 
 # Compiles one call may spend stepping down the frontier. The predictions are within 3 % on
 # the paper grid; a budget that needs more steps than this is one the predictions do not serve,
@@ -100,6 +98,11 @@ def fastest_plan_that_fits(
     compiled before is read back. Raises `NoPlanFitsError` before compiling anything when no
     plan is predicted within the budget, and after `max_compiles` compiles none of which fit,
     naming what each needed."""
+    if not isinstance(analysis, SegmentedStep):  # one without profiles says so below
+        raise InputError(
+            f"fastest_plan_that_fits: expected an Analysis (from explorer.analyze), found "
+            f"{type(analysis).__name__}"
+        )
     if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1:
         raise InputError(
             f"fastest_plan_that_fits: max_compiles: expected a whole number >= 1, found "

@@ -128,3 +128,12 @@ def test_a_fit_ends_with_the_one_plan_that_fits() -> None:
     with pytest.raises(ValueError, match="stops at the first plan that fits"):
         CompiledFit(plan, truth, truth.memory, (fits, fits))
     CompiledFit(plan, truth, truth.memory, (over, fits))
+
+
+def test_what_is_no_profiled_analysis_is_refused_before_any_compile() -> None:
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    segmented = ex.analyze(step, *args, mesh=(4,), profile=False)
+    with pytest.raises(ex.ExplorerError, match="has no profiles"):
+        fastest_plan_that_fits(segmented, step, *args)
+    with pytest.raises(InputError, match=r"expected an Analysis .*found str"):
+        fastest_plan_that_fits("analysis.json", step, *args)  # type: ignore[arg-type]
