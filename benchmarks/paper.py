@@ -84,13 +84,13 @@ def run_case(run: PaperRun, case: PaperCase) -> None:
     plans: dict[str, Any] = {}
     notes: dict[str, str] = {}
     verified: dict[str, Any] = {}  # the CFP plans' truths, compiled while choosing them
-    over = _cfp_plan(
+    # the fastest predicted within the device memory: the CFP plan unless its compiled step
+    # is over (`_cfp_plan`; the row's note then says what was compiled instead)
+    fitting = [p.time for p in analysis.frontier.points if p.memory <= capacity]
+    _cfp_plan(
         run, analysis, "cfp", capacity, plans=plans, notes=notes, verified=verified,
         step=step, args=args,
     )  # fmt: skip
-    fitting = [
-        p.time for p in analysis.frontier.points if p.memory <= capacity and p.selection not in over
-    ]
     for name in BASELINES:
         begun = time.perf_counter()
         try:
@@ -155,14 +155,13 @@ def _cfp_plan(
     verified: dict[str, Any],
     step: Any,
     args: Any,
-) -> frozenset[tuple[int, ...]]:
+) -> None:
     """The fastest frontier plan whose compiled whole step fits the device memory
-    (`fastest_plan_that_fits`: fastest first down the frontier from the fastest predicted
-    within it) as `plans[name]`, its truth as `verified[name]`; the selections of the faster
-    plans within the budget whose compiled step was over it. Where none of those compiled
-    fits, the fastest predicted within the budget stands (its compiled step over, the note
-    says so); where no plan is predicted within it, `notes[name]` says how far the leanest
-    is over."""
+    (`fastest_plan_that_fits`, from the fastest predicted within it) as `plans[name]`, its
+    truth as `verified[name]`, and in `notes[name]` how it was found where the fastest
+    predicted was over. Where no plan compiled fits, the fastest predicted within the budget
+    stands (its compiled step over, the note says so); where no plan is predicted within it,
+    `notes[name]` says how far the leanest is over."""
     from explorer.compiled_fit import fastest_plan_that_fits
     from explorer.errors import NoPlanFitsError
 
@@ -171,7 +170,7 @@ def _cfp_plan(
             f"no plan fits {capacity / 2**30:.0f} GiB: the smallest predicted needs "
             f"{analysis.frontier.min_memory / 2**30:.1f} GiB"
         )
-        return frozenset()
+        return
     try:
         fit = fastest_plan_that_fits(
             analysis, step, *args, memory_budget=capacity, store=run.evaluations
@@ -179,11 +178,10 @@ def _cfp_plan(
     except NoPlanFitsError as none_fits:  # compiled, each over the budget
         plans[name] = analysis.plan(memory_budget=capacity)
         notes[name] = str(none_fits).split(". ")[0]
-        return frozenset()
+        return
     plans[name], verified[name] = fit.plan, fit.truth
     if fit.rejected:
         notes[name] = fit.summary()
-    return frozenset(fit.rejected)
 
 
 def _count_frontier(run: PaperRun, analysis: Any) -> None:

@@ -408,10 +408,11 @@ def edge_lines(frame: pd.DataFrame) -> list[str]:
     about = (
         "Each space's CFP plan is the fastest of its frontier whose whole step, compiled, fits "
         "the device memory (`explorer.fastest_plan_that_fits`): the fastest predicted within "
-        "it is compiled first and, where its step needs more, the next plans down the "
-        f"frontier, fastest first, up to {DEFAULT_MAX_COMPILES}. The predicted memory is within "
-        "a few per cent of the compiled step's, and the fastest plan within a budget sits at "
-        "its edge. "
+        "it is compiled first and, where its step needs more, the fastest predicted within the "
+        "memory less the shortfall seen, then the frontier between the plans found to fit and "
+        f"to be over is bisected; {DEFAULT_MAX_COMPILES} compiles at most. The predicted "
+        "memory is within a few per cent of the compiled step's, and the fastest plan within "
+        "a budget sits at its edge. "
     )
     heading = ["", "## At the budget's edge", ""]
     if edge.empty:

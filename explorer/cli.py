@@ -80,9 +80,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--verify-fit",
         action="store_true",
         help="compile the chosen plan's whole step and, where it needs more than the budget "
-        "(default: the device's memory) though predicted within it, the next plans down the "
-        "frontier, fastest first, until one fits (the predictions are within a few per cent; "
-        "the fastest plan sits at the budget's edge)",
+        "(default: the device's memory) though predicted within it, leaner frontier plans "
+        "(by the shortfall seen, then bisecting; 8 compiles at most) for the fastest that "
+        "fits (the predictions are within a few per cent; the fastest plan sits at the "
+        "budget's edge)",
     )
     plan.add_argument(
         "--each-space",

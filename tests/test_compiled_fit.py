@@ -61,13 +61,15 @@ def test_the_plan_offered_is_the_fastest_whose_compiled_step_fits(tmp_path: Path
     assert fit.plan.time > predicted_choice.time  # a slower plan: the faster one was over
     assert fit.tried[0].selection == points[max(missed)].selection
     assert fit.tried[0].compiled_memory == compiled[max(missed)] > budget
-    # no faster plan within the budget was passed over unless compiled and found over it
-    offered = next(i for i, p in enumerate(points) if p.selection == fit.tried[-1].selection)
+    # the faster plans within the budget were passed over: each compiled over it, or counted
+    offered = next(i for i, p in enumerate(points) if p.selection == fit.selection)
     passed_over = [i for i, p in enumerate(points) if p.memory <= budget and i > offered]
     assert passed_over and all(compiled[i] > budget for i in passed_over)
-    assert set(fit.rejected) == {points[i].selection for i in passed_over}
-    times = [t.predicted_time for t in fit.tried]  # fastest first
-    assert times == sorted(times)
+    assert set(fit.rejected) <= {points[i].selection for i in passed_over}
+    assert len(fit.rejected) + fit.untried_between == len(passed_over)
+    # the plans tried and not passed over fit; the plan is the fastest of them
+    fitting = [t for t in fit.tried if t.compiled_memory <= budget]
+    assert fit.plan.time == min(t.predicted_time for t in fitting)
     # the truth is `evaluate`'s: the same numbers, from a store that did not see this call
     assert fit.truth == ex.evaluate(fit.plan, step, *args)
     assert "plans compiled to find one that fits" in fit.summary()
@@ -99,7 +101,7 @@ def test_no_compiled_plan_fitting_says_what_each_needed(tmp_path: Path) -> None:
                 fastest_plan_that_fits(analysis, step, *args, memory_budget=leanest, store=store)
         # one compile allowed, at a budget the fastest plan misses: the leaner are not tried
         budget = points[max(missed)].memory
-        left = rf"1 compiled, .*; {max(missed)} leaner plans not compiled"
+        left = rf"1 compiled \(.*\); {max(missed)} leaner plans not compiled"
         with pytest.raises(NoPlanFitsError, match=left):
             fastest_plan_that_fits(
                 analysis, step, *args, memory_budget=budget, store=store, max_compiles=1
@@ -116,18 +118,24 @@ def test_no_compiled_plan_fitting_says_what_each_needed(tmp_path: Path) -> None:
         assert _rows(path) == kept
 
 
-def test_a_fit_ends_with_the_one_plan_that_fits() -> None:
+def test_a_fit_is_the_fastest_plan_tried_that_fits() -> None:
     step, args, analysis = _tiny_gpt()
     plan = analysis.plan()
     truth = ex.evaluate(plan, step, *args)
-    fits = CompiledTry((0,), plan.time, plan.memory, truth.memory)
-    over = CompiledTry((1,), plan.time, plan.memory, truth.memory + 1)
-    CompiledFit(plan, truth, truth.memory, (fits,))
-    with pytest.raises(ValueError, match="ends with the plan that fits"):
-        CompiledFit(plan, truth, truth.memory, (fits, CompiledTry((1,), 1.0, 1, truth.memory + 1)))
-    with pytest.raises(ValueError, match="stops at the first plan that fits"):
-        CompiledFit(plan, truth, truth.memory, (fits, fits))
-    CompiledFit(plan, truth, truth.memory, (over, fits))
+    budget = truth.memory
+    itself = CompiledTry((0,), plan.time, plan.memory, truth.memory)
+    over = CompiledTry((1,), plan.time / 2, plan.memory, budget + 1)  # faster, over
+    CompiledFit(plan, truth, budget, (itself,))
+    CompiledFit(plan, truth, budget, (over, itself), untried_between=3)
+    with pytest.raises(ValueError, match="fits its budget compiled"):
+        CompiledFit(plan, truth, budget - 1, (itself,))
+    faster_fitting = CompiledTry((1,), plan.time / 2, plan.memory, budget)
+    with pytest.raises(ValueError, match="the fastest tried that fits"):
+        CompiledFit(plan, truth, budget, (faster_fitting, itself))
+    with pytest.raises(ValueError, match="is one it tried"):
+        CompiledFit(plan, truth, budget, (over,))
+    with pytest.raises(ValueError, match="counts plans"):
+        CompiledFit(plan, truth, budget, (itself,), untried_between=-1)
 
 
 def test_what_is_no_profiled_analysis_is_refused_before_any_compile() -> None:
