@@ -402,7 +402,8 @@ def edge_lines(frame: pd.DataFrame) -> list[str]:
 
     if frame.empty:
         return []
-    rows = frame[frame["plan"].str.startswith("cfp") & ~frame["plan"].str.endswith("_gpu")]
+    spaces = frame["plan"].str.startswith("cfp") & ~frame["plan"].str.endswith("_gpu")
+    rows = frame[spaces & (frame["plan"] != BEST_ROW)]  # the best over spaces is one of them
     notes = rows["note"].fillna("").astype(str)
     edge = rows[notes.str.contains(STEPPED_DOWN) | notes.str.startswith(NONE_COMPILED_FITS)]
     about = (

@@ -94,7 +94,7 @@ class CompiledFit:
             key=lambda t: t.predicted_time,
         )
         shown = "; ".join(
-            f"{t.predicted_time * 1e3:.4g} ms predicted in {_size(t.predicted_memory)}, "
+            f"{_ms(t.predicted_time)} predicted in {_size(t.predicted_memory)}, "
             f"compiled {_size(t.compiled_memory)}"
             for t in over
         )
@@ -182,7 +182,7 @@ def fastest_plan_that_fits(
 
 def _none_fits(budget: int, tried: tuple[CompiledTry, ...], *, leaner: int) -> str:
     over = "; ".join(
-        f"{t.predicted_time * 1e3:.4g} ms predicted in {_size(t.predicted_memory)}, "
+        f"{_ms(t.predicted_time)} predicted in {_size(t.predicted_memory)}, "
         f"compiled {_size(t.compiled_memory)}"
         for t in tried
     )
@@ -197,3 +197,9 @@ def _none_fits(budget: int, tried: tuple[CompiledTry, ...], *, leaner: int) -> s
 def _size(amount: float) -> str:
     """Bytes to four digits: at the budget's edge the third decides (40.0 against 40.2 GiB)."""
     return format_bytes(amount, digits=4)
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds per step, whole from one second up (13177 ms, not 1.318e+04)."""
+    ms = seconds * 1e3
+    return f"{ms:.0f} ms" if ms >= 1000 else f"{ms:.4g} ms"
