@@ -391,21 +391,17 @@ def _wider_space_lines(
     )
 
 
-STEPPED_DOWN = "plans compiled to find one that fits"  # `CompiledFit.summary`'s words
-NONE_COMPILED_FITS = "no plan compiled fits"  # `fastest_plan_that_fits`'s refusal
-
-
 def edge_lines(frame: pd.DataFrame) -> list[str]:
     """The section on the CFP plans at the budget's edge: each space's row whose fastest
     predicted plan within the device memory was over it compiled, and what was done."""
-    from explorer.compiled_fit import DEFAULT_MAX_COMPILES
+    from explorer.compiled_fit import DEFAULT_MAX_COMPILES, NONE_FITS, STEPPED_DOWN
 
     if frame.empty:
         return []
     spaces = frame["plan"].str.startswith("cfp") & ~frame["plan"].str.endswith("_gpu")
     rows = frame[spaces & (frame["plan"] != BEST_ROW)]  # the best over spaces is one of them
     notes = rows["note"].fillna("").astype(str)
-    edge = rows[notes.str.contains(STEPPED_DOWN) | notes.str.startswith(NONE_COMPILED_FITS)]
+    edge = rows[notes.str.contains(STEPPED_DOWN) | notes.str.startswith(NONE_FITS)]
     about = (
         "Each space's CFP plan is the fastest of its frontier whose whole step, compiled, fits "
         "the device memory (`explorer.fastest_plan_that_fits`): the fastest predicted within "

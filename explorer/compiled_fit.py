@@ -36,6 +36,10 @@ from explorer.units import BytesLike, format_bytes, parse_bytes
 # out of them before any plan fits raises; one that runs out while bisecting offers the fastest
 # plan found to fit, and says how many frontier plans between were not compiled.
 DEFAULT_MAX_COMPILES = 8
+# The words that open a fit's summary where faster plans were over, and the refusal where none
+# compiled fits: what a report of many fits looks for
+STEPPED_DOWN = "plans compiled to find one that fits"
+NONE_FITS = "no plan compiled fits"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +109,7 @@ class CompiledFit:
             else ""
         )
         return (
-            f"{len(self.tried)} plans compiled to find one that fits {_size(self.budget)} "
+            f"{len(self.tried)} {STEPPED_DOWN} {_size(self.budget)} "
             f"({_size(self.truth.memory)} compiled): the faster ones tried need more "
             f"({shown}){between}"
         )
@@ -188,7 +192,7 @@ def _none_fits(budget: int, tried: tuple[CompiledTry, ...], *, leaner: int) -> s
     )
     left = "no leaner plan is left" if leaner <= 0 else f"{leaner} leaner plans not compiled"
     return (
-        f"no plan compiled fits {_size(budget)} per device: {len(tried)} compiled ({over}); "
+        f"{NONE_FITS} {_size(budget)} per device: {len(tried)} compiled ({over}); "
         f"{left}. Lower the budget given to the solver by the predictions' shortfall, raise "
         "max_compiles, or add devices."
     )
