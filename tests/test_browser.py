@@ -197,6 +197,14 @@ def test_the_explorer_in_jupyterlab(lab: tuple[str, Path], tmp_path: Path) -> No
             app.locator(".explorer-why").screenshot(path=str(SCREENSHOT_WHY))
 
             _export_matches_the_plan_shown(app, summary, root / "plan.json")
+            # the plan shown, compiled: it fits the budget, or the check shows one that does
+            app.locator(".explorer-check-fit").click()
+            expect(app.locator(".explorer-fit-label")).to_contain_text(
+                re.compile(r"fits it compiled|plans compiled to find one that fits|no plan "
+                           r"compiled fits"),
+                timeout=RUN_S * 1000,
+            )  # fmt: skip
+            _no_failure(app)
             SCREENSHOT.parent.mkdir(exist_ok=True)
             app.screenshot(path=str(SCREENSHOT))
             assert SCREENSHOT.stat().st_size > 10_000
@@ -243,6 +251,14 @@ def test_the_explorer_in_jupyterlab(lab: tuple[str, Path], tmp_path: Path) -> No
             app.screenshot(path=str(tmp_path / "moe.png"))
             print(f"the app on MoE: {tmp_path / 'moe.png'}")
             _export_matches_the_plan_shown(app, summary, root / "plan.json")
+            # the plan shown, compiled: it fits the budget, or the check shows one that does
+            app.locator(".explorer-check-fit").click()
+            expect(app.locator(".explorer-fit-label")).to_contain_text(
+                re.compile(r"fits it compiled|plans compiled to find one that fits|no plan "
+                           r"compiled fits"),
+                timeout=RUN_S * 1000,
+            )  # fmt: skip
+            _no_failure(app)
         except BaseException:
             page.screenshot(path=str(tmp_path / "failure.png"))
             print(f"screenshot of the failure: {tmp_path / 'failure.png'}")

@@ -23,7 +23,7 @@ pytest.importorskip("plotly", reason="the ui extra is not installed")
 
 import explorer as ex
 from explorer.ui import Explorer, mesh_shapes, paired_strategies, presets
-from explorer.ui.style import plan_name
+from explorer.ui.style import exact_bytes, plan_name
 
 TIMEOUT_S = 600
 
@@ -320,3 +320,66 @@ def test_the_baseline_table_predicts_and_evaluates_every_plan(app: Explorer) -> 
     assert all(plan_name(name) in table for name in rows)
     marked = set(app.frontier.figure.data[2].text)
     assert marked == {plan_name(n) for n, r in rows.items() if n != "cfp" and r.memory is not None}
+
+
+@pytest.mark.slow
+def test_checking_the_plan_compiled_shows_the_fastest_whose_step_fits(app: Explorer) -> None:
+    analysis = app.analysis
+    assert analysis is not None
+    points = analysis.frontier.points
+    # tiny GPT's predicted memory runs below its compiled steps': at the fastest plan's own
+    # prediction the fastest plan's step is over, and the check must step down the frontier
+    budget = points[-1].memory
+    app.set_budget(budget)
+    assert app.choice is not None and app.choice.time == points[-1].time
+    app.check_fit(wait=True)  # what the button calls, on a thread
+    check = app.session.check
+    assert check is not None, app.message or app.fit_label.value
+    fit = check.fit
+    assert fit.rejected, "the fastest plan's step fits its prediction: choose a tighter budget"
+    assert fit.budget == budget and fit.truth.memory <= budget
+    # the plan shown is the one that fits, at its frontier position, and is what exports
+    assert check.shows(app.choice, analysis)
+    assert app.choice is not None and app.choice.time == fit.plan.time > points[-1].time
+    assert app.session.budget == fit.plan.memory
+    assert app.plan is not None and app.plan.strategies == fit.plan.strategies
+    label = _text(app.fit_label.value)
+    assert "plans compiled to find one that fits" in label and "is now that one" in label
+    assert "compiled:" in app.summary and exact_bytes(fit.truth.memory) in app.summary
+    # a slider move shows another plan: the check, of the plan before, is no longer claimed
+    app.budget_w.value = 0
+    assert app.fit_label.value == "" and "compiled:" not in _text(app.summary)
+
+
+@pytest.mark.slow
+def test_a_check_where_no_plan_fits_keeps_the_plan_shown(app: Explorer) -> None:
+    analysis = app.analysis
+    assert analysis is not None
+    leanest = analysis.frontier.points[0]
+    app.set_budget(leanest.memory)
+    shown = app.choice
+    app.check_fit(wait=True)
+    label = _text(app.fit_label.value)
+    assert "no plan compiled fits" in label and "no leaner plan is left" in label
+    assert app.choice == shown and app.session.budget == leanest.memory
+    assert app.message == "" and not app.fit_w.disabled
+    assert "compiled:" not in _text(app.summary)
+
+
+@pytest.mark.slow
+def test_a_check_answered_after_the_budget_moved_moves_nothing(app: Explorer) -> None:
+    analysis = app.analysis
+    assert analysis is not None
+    worker = app.check_fit()  # no budget: the device's memory
+    app.budget_w.value = 0  # moved while the step compiles
+    worker.join(TIMEOUT_S)
+    assert "changed since" in _text(app.fit_label.value)
+    assert app.choice is not None and app.choice.time == analysis.frontier.points[0].time
+    assert app.session.budget == analysis.frontier.points[0].memory
+
+
+def test_a_check_before_any_plan_is_refused_in_the_message_area() -> None:
+    app = Explorer("gpt", "tiny", cache=SHARED_CACHE)
+    assert app.fit_w.disabled  # nothing to check until a run has solved
+    app.fit_w.click()  # the button is wired to `check_fit`, which refuses
+    assert "no plan to check" in app.message

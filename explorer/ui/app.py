@@ -18,7 +18,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from explorer.errors import ExplorerError
+from explorer.errors import ExplorerError, NoPlanFitsError
 from explorer.pipeline import DEFAULT_CACHE, Analysis, SegmentedStep
 from explorer.ui import style
 from explorer.ui.bars import BarsData, BarsView, Symbolic
@@ -27,7 +27,7 @@ from explorer.ui.frontier import FrontierView
 from explorer.ui.graph import GraphView, LayoutCache
 from explorer.ui.inputs import budget_problem, check_arguments, pin_problem, presets
 from explorer.ui.runner import Runner
-from explorer.ui.state import Choice, Session, Settings
+from explorer.ui.state import Choice, FitCheck, Session, Settings
 from explorer.ui.table import BaselineRow, baseline_rows, table_html
 
 ROW = {"flex_flow": "row wrap", "width": "100%"}  # rows wrap on a narrow page
@@ -124,6 +124,7 @@ class Explorer(Runner, widgets.VBox):
             widgets.HBox(
                 [self.budget_w, self.budget_label, self.fastest_w, self.uniform_w], layout=ROW
             ),
+            widgets.HBox([self.fit_w, self.fit_label], layout=ROW),
             widgets.HBox([self.segment_w, self.level_w, self.roles_w], layout=ROW),
             widgets.HBox([self.search_w, self.collapse_w], layout=ROW),
             self.graph.figure,
@@ -328,6 +329,48 @@ class Explorer(Runner, widgets.VBox):
             worker.join()
         return worker
 
+    def check_fit(self, wait: bool = False) -> threading.Thread:
+        """Compile the whole step under the plan shown; where it needs more memory than the
+        budget (the device's memory where there is none), find the fastest frontier plan whose
+        compiled step fits (`explorer.fastest_plan_that_fits`, a few compiles) and show it
+        (on a thread; `wait` joins it). Where none compiled fits, the plan shown stays and the
+        label says what each plan compiled needed."""
+        from explorer.compiled_fit import fastest_plan_that_fits
+
+        with self._lock:
+            s = self.session
+            analysis = s.analysis
+            if not isinstance(analysis, Analysis) or s.choice is None:
+                raise ExplorerError(
+                    "no plan to check: profile and solve first, or raise the budget"
+                )
+            pins, uniform, budget = tuple(sorted(s.pins.items())), s.uniform, s.budget
+        self.fit_w.disabled = True
+        self.fit_label.value = "<i>compiling the whole step under the plan shown...</i>"
+
+        def work() -> None:
+            try:
+                fit = fastest_plan_that_fits(
+                    analysis, analysis.step, *analysis.args, memory_budget=budget,
+                    pins=dict(pins) or None, uniform=uniform or None,
+                )  # fmt: skip
+            except NoPlanFitsError as err:
+                self.fit_label.value = f"<span style='color:#B00020'>{html.escape(str(err))}</span>"
+            except Exception as err:
+                self.fit_label.value = ""
+                self._error("checking the plan compiled", err)
+            else:
+                with self._lock:
+                    self._show_fit(FitCheck(analysis, pins, uniform, fit), budget)
+            finally:
+                self.fit_w.disabled = False
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        if wait:
+            worker.join()
+        return worker
+
     # -- wiring -------------------------------------------------------------------------------
 
     def _wire(self) -> None:
@@ -362,6 +405,7 @@ class Explorer(Runner, widgets.VBox):
         click(self.pin_w, self._pin_clicked)
         click(self.unpin_w, self.clear_pins)
         click(self.baselines_w, self.compute_baselines)
+        click(self.fit_w, self.check_fit)
         click(self.export_w, self.export)
         click(self.explain_view.explain_w, self.explain)
         click(self.explain_view.stop_w, self.explain_view.stop)
@@ -376,6 +420,40 @@ class Explorer(Runner, widgets.VBox):
             return Request(
                 0, s.analysis, s.choice, s.budget, tuple(sorted(s.pins.items())), s.uniform
             )
+
+    def _show_fit(self, check: FitCheck, budget: float | None) -> None:
+        """A check's answer: where the app still shows what was checked, the plan that fits
+        becomes the plan shown (the budget moves to its predicted memory, a frontier
+        position); where the budget, pins or model changed meanwhile, nothing moves."""
+        s = self.session
+        fit = check.fit
+        said = html.escape(fit.summary())
+        if s.analysis is not check.analysis or (
+            tuple(sorted(s.pins.items())),
+            s.uniform,
+            s.budget,
+        ) != (check.pins, check.uniform, budget):
+            self.fit_label.value = (
+                f"{said} <i>(for the settings when it was asked; they have changed since, so "
+                "the plan shown was not moved)</i>"
+            )
+            return
+        s.check = check
+        moved = not check.shows(s.choice, s.analysis)
+        if moved:
+            s.budget = fit.plan.memory
+            self._resolve()
+        if not check.shows(s.choice, s.analysis):  # the frontier gives another plan there
+            s.check = None
+            self.fit_label.value = (
+                f"{said} <span style='color:#B00020'>(the budget at its predicted memory "
+                "shows another plan: not moved)</span>"
+            )
+            return
+        self.fit_label.value = f"&#10003; {said}" + (
+            "; <b>the plan shown is now that one</b>" if moved else ""
+        )
+        self._show_summary()
 
     def _segment_chosen(self, instance: int | None) -> None:
         if instance is not None:

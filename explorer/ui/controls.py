@@ -94,6 +94,15 @@ class Controls:
         self.fastest_w = widgets.Button(
             description="no budget (fastest)", disabled=True, layout=AUTO
         )
+        self.fit_w = widgets.Button(
+            description="Compile to check it fits", icon="check", disabled=True, layout=AUTO,
+            tooltip="compile the whole step under the plan shown; where it needs more memory "
+            "than the budget (the device's memory without one), find the fastest plan whose "
+            "compiled step fits and show it",
+        )  # fmt: skip
+        self.fit_w.add_class("explorer-check-fit")
+        self.fit_label = widgets.HTML("")
+        self.fit_label.add_class("explorer-fit-label")
         self.uniform_w = widgets.Checkbox(
             value=False, description="one configuration per segment type", indent=False
         )

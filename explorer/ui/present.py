@@ -24,6 +24,7 @@ from explorer.ui.frontier import FrontierView, frontier_data
 from explorer.ui.graph import GraphView
 from explorer.ui.messages import Messages
 from explorer.ui.state import choice_from_point
+from explorer.units import format_bytes
 
 if TYPE_CHECKING:
     from explorer.plan import Plan
@@ -88,6 +89,7 @@ class Presenter(Controls, Messages):
             profiled = isinstance(analysis, Analysis)
             self.budget_w.disabled = not profiled
             self.fastest_w.disabled = not profiled
+            self.fit_w.disabled = not profiled
         finally:
             self._syncing = False
         self._show_pins()
@@ -200,6 +202,8 @@ class Presenter(Controls, Messages):
         if not same:
             self.download_w.value = ""  # the link was for another plan
             self.explain_view.stale(s.choice)  # an explanation was for another plan
+            if s.check is not None and not s.check.shows(s.choice, analysis):
+                self.fit_label.value = ""  # the check was of another plan
         self.export_w.disabled = s.choice is None
         self._show_summary()
         if redraw:
@@ -250,9 +254,22 @@ class Presenter(Controls, Messages):
             f"{len(choice.configs)} segments, {len(set(choice.configs))} distinct configurations"
             + (f"; pins: {html.escape(pins)}" if pins else "")
             + ("; one configuration per segment type" if s.uniform else "")
+            + self._checked_note()
             + "<details class='explorer-strategies'><summary>strategy per block</summary>"
             + ", ".join(f"{b}: {name}" for b, name in enumerate(choice.strategies) if name)
             + "</details>"
+        )
+
+    def _checked_note(self) -> str:
+        """What the summary says of a plan shown whose compiled step was checked to fit."""
+        s = self.session
+        if s.check is None or not s.check.shows(s.choice, s.analysis):
+            return ""
+        fit, unit = s.check.fit, self._unit
+        return (
+            f"; <span class='explorer-checked'>compiled: "
+            f"<span title='{style.exact_bytes(fit.truth.memory)}'>{unit.text(fit.truth.memory)}"
+            f"</span> per device, within {format_bytes(fit.budget, digits=4)}</span>"
         )
 
     def _show_graph(self) -> None:

@@ -191,6 +191,7 @@ class Runner(Presenter):
             self.explain_view.clear(None)
             self.summary_w.value = "<b>No plan</b>: the run did not finish (see the message above)."
             self.export_w.disabled = self.budget_w.disabled = self.fastest_w.disabled = True
+            self.fit_w.disabled = True
             return
         self._present(s.analysis)
 
@@ -241,6 +242,8 @@ class Runner(Presenter):
         s.pins.clear()
         s.choice = s.plan = None
         s.baselines = ()
+        s.check = None
+        self.fit_label.value = ""
         self._bars_base = {}
         if s.analysis_key != (settings.model, settings.preset, settings.layers):
             # a new model: start on the first instance of its largest segment type

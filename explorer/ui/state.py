@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from explorer.compiled_fit import CompiledFit
     from explorer.pipeline import Analysis, SegmentedStep
     from explorer.plan import Plan
     from explorer.ui.bars import Symbolic
@@ -70,6 +71,29 @@ def choice_from_point(analysis: Analysis, point: Any, budget: float | None) -> C
     return Choice(point.time, point.memory, tuple(configs), tuple(strategies), budget)
 
 
+@dataclass(frozen=True, slots=True)
+class FitCheck:
+    """What `Explorer.check_fit` found: the fastest frontier plan whose compiled whole step
+    fits the budget (`explorer.fastest_plan_that_fits`), for the analysis, pins and mode it
+    was asked under."""
+
+    analysis: Any
+    pins: tuple[tuple[int, str], ...]
+    uniform: bool
+    fit: CompiledFit
+
+    def shows(self, choice: Choice | None, analysis: Any) -> bool:
+        """Whether `choice` (of `analysis`) is the plan this check compiled and found to fit."""
+        return (
+            choice is not None
+            and analysis is self.analysis
+            and choice.pins == self.pins
+            and choice.uniform == self.uniform
+            and choice.strategies == tuple(self.fit.plan.strategies)
+            and choice.time == self.fit.plan.time
+        )
+
+
 @dataclass
 class Session:
     settings: Settings
@@ -86,6 +110,7 @@ class Session:
     level: str = "blocks"  # "blocks" or "ops"
     baselines: tuple[BaselineRow, ...] = ()
     exported: str = ""  # path of the last export
+    check: FitCheck | None = None  # the last compiled check of a plan shown
 
 
 @dataclass(frozen=True, slots=True)
