@@ -20,6 +20,7 @@ from explorer.ir import Graph, ShardingAssignment
 from explorer.mesh import make_mesh
 from explorer.plan_document import _check_plan_and_step, plan_to_json
 from explorer.plan_types import Plan
+from explorer.profile.compile_workers import CompileOutOfMemory, CompileWorkers
 from explorer.realize import realize
 
 if TYPE_CHECKING:
@@ -108,7 +109,6 @@ def evaluate_on(
     from explorer.profile.backends import (
         Backend,
         compile_program,
-        compile_to_text,
         compile_workers,
         measure,
     )
@@ -118,6 +118,10 @@ def evaluate_on(
     kept = _kept_evaluations(plan, targets, store) if kind is Backend.COMPILED else None
     if kept is not None:  # every platform's evaluation of this program is in the store
         return kept
+    workers = compile_workers(kind, 1)
+    limit = workers.memory_limit if workers is not None else None
+    if kind is Backend.COMPILED:
+        _refuse_if_stopped(plan, store, limit)
     under = lower_step(plan, step, args)
     if kind is Backend.MEASURED:
         executable = compile_program(under.lowered, kind)
@@ -127,7 +131,7 @@ def evaluate_on(
             )
             for given, p in targets.items()
         }
-    text = compile_to_text(under.lowered, compile_workers(kind, 1))
+    text = _compiled_text(plan, under.lowered, workers, store)
     return _priced(plan, text, targets, store)
 
 
@@ -175,6 +179,9 @@ def evaluate_each(
     def settle(index: int) -> None:
         try:
             answers[index] = _priced(plans[index], in_flight.pop(index).result(), targets, store)
+        except CompileOutOfMemory as err:
+            _keep_stop(plans[index], store, err, workers.memory_limit)
+            failed(index, err)
         except Exception as err:
             failed(index, err)
 
@@ -186,6 +193,7 @@ def evaluate_each(
                     answers[index] = _kept_evaluations(plan, targets, store)
                     if answers[index] is not None:
                         continue
+                    _refuse_if_stopped(plan, store, workers.memory_limit)
                     lowered = lower_step(plan, step, args).lowered
                 except Exception as err:
                     failed(index, err)
@@ -200,6 +208,42 @@ def evaluate_each(
             for future in in_flight.values():
                 future.cancel()
     return answers
+
+
+def _compiled_text(
+    plan: Plan, lowered: Any, workers: CompileWorkers | None, store: EvaluationStore | None
+) -> Any:
+    """`lowered` compiled by `workers`; a compile stopped for its memory is kept in `store`."""
+    from explorer.profile.backends import compile_to_text
+
+    try:
+        return compile_to_text(lowered, workers)
+    except CompileOutOfMemory as err:
+        _keep_stop(plan, store, err, workers.memory_limit if workers is not None else None)
+        raise
+
+
+def _refuse_if_stopped(plan: Plan, store: EvaluationStore | None, limit: int | None) -> None:
+    """Raise again the `CompileOutOfMemory` an earlier run kept for `plan`'s step, where the
+    compile workers may hold no more memory now than when it was stopped: such a compile
+    runs for minutes to be stopped the same way (BERT-large fp16 at batch 8 on 4 devices: its
+    FSDP step grew past 20 GiB in 8 minutes of compiling). Under a higher limit (`limit`, the
+    workers' now; None: compiled here, never stopped) it is tried."""
+    if store is None or limit is None:
+        return
+    why = store.stopped_compile(_program_digest(plan), limit)
+    if why is not None:
+        raise CompileOutOfMemory(
+            f"{why} (kept from an earlier run, which stopped this step's compile at that "
+            "limit; it is not compiled again under a limit no higher)"
+        )
+
+
+def _keep_stop(
+    plan: Plan, store: EvaluationStore | None, err: CompileOutOfMemory, limit: int | None
+) -> None:
+    if store is not None and limit is not None:
+        store.keep_stopped_compile(_program_digest(plan), limit, str(err))
 
 
 def _priced(

@@ -39,7 +39,25 @@ def platform_key(platform_json: dict[str, Any]) -> str:
 
 
 class EvaluationStore(KeptRows):
-    """An SQLite table of evaluations: (program digest, platform) -> Evaluation fields."""
+    """An SQLite table of evaluations: (program digest, platform) -> Evaluation fields; and
+    beside it (`stops`) the steps whose compile a worker's memory limit stopped: program
+    digest -> the limit and the message (`stopped_compile`, `keep_stopped_compile`)."""
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(path, "evaluations", ("program", "platform"))
+        self.stops = KeptRows(path, "stopped_compiles", ("program",))
+
+    def stopped_compile(self, program: str, limit: int) -> str | None:
+        """Why the compile of `program` was stopped in an earlier run, where it ran into a
+        memory limit at least `limit` (compiling it again under a limit no higher would take
+        as long to end the same way); None where none was, or under a lower limit."""
+        kept = self.stops.get((program,), lambda f: (int(f["limit"]), str(f["message"])))
+        return kept[1] if kept is not None and kept[0] >= limit else None
+
+    def keep_stopped_compile(self, program: str, limit: int, message: str) -> None:
+        """`program`'s compile was stopped at `limit` bytes per worker, saying `message`."""
+        self.stops.put((program,), {"limit": limit, "message": message})
+
+    def close(self) -> None:
+        self.stops.close()
+        super().close()

@@ -51,3 +51,48 @@ def test_each_plan_is_answered_as_alone_and_a_failure_stops_only_its_plan(tmp_pa
 
 def _never_lowered(*args: Any) -> Any:
     raise AssertionError("the store holds this plan's evaluation: nothing to lower")
+
+
+def test_a_compile_stopped_for_memory_is_kept_and_not_compiled_again_under_that_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A step whose compile ran into the workers' memory limit would run into it again, after
+    as many minutes: a store keeps the stop, and the same limit refuses the step at once
+    (saying so), while a higher limit compiles it. Real workers: the starved limit is below
+    what a worker holds once JAX is imported, so its first compile is stopped."""
+    import jax
+
+    from explorer.profile import backends
+    from explorer.profile.compile_workers import CompileOutOfMemory, CompileWorkers
+
+    args = _args(16)
+    plan = ex.analyze(mlp_step, *args, mesh=(4,), platform=PLATFORM, profile=False).baseline("dp")
+    starved = CompileWorkers(processes=1, device_count=jax.device_count(), memory_limit=2**26)
+    roomy = CompileWorkers(processes=1, device_count=jax.device_count(), memory_limit=2**40)
+    pools = {"now": starved}
+    monkeypatch.setattr(backends, "compile_workers", lambda kind, threads: pools["now"])
+    try:
+        with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
+            with pytest.raises(CompileOutOfMemory, match="grew past the 0.1 GiB") as first:
+                evaluate_on(plan, [PLATFORM], mlp_step, *args, store=store)
+            assert "earlier run" not in str(first.value) and starved.started == 1
+            # asked again, alone or among others: refused from the store, nothing compiled
+            with pytest.raises(CompileOutOfMemory, match="kept from an earlier run") as again:
+                evaluate_on(plan, [PLATFORM], mlp_step, *args, store=store)
+            assert str(first.value) in str(again.value)
+            failures: list[tuple[int, Exception]] = []
+            answers = evaluate_each(
+                [plan], [PLATFORM], _never_lowered, *args, store=store,
+                on_error=lambda i, e: failures.append((i, e)),
+            )  # fmt: skip
+            assert answers == [None] and [i for i, _ in failures] == [0]
+            assert "kept from an earlier run" in str(failures[0][1])
+            assert starved.started == 1
+            # more memory: compiled, and answered as without a store
+            pools["now"] = roomy
+            evaluated = evaluate_on(plan, [PLATFORM], mlp_step, *args, store=store)
+            assert evaluated[PLATFORM].time == plan.time
+            assert roomy.started == 1
+    finally:
+        starved.close()
+        roomy.close()
