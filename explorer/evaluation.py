@@ -233,9 +233,10 @@ def _refuse_if_stopped(plan: Plan, store: EvaluationStore | None, limit: int | N
         return
     why = store.stopped_compile(_program_digest(plan), limit)
     if why is not None:
+        # said first: a report that shows an error's opening says that nothing was compiled
         raise CompileOutOfMemory(
-            f"{why} (kept from an earlier run, which stopped this step's compile at that "
-            "limit; it is not compiled again under a limit no higher)"
+            "not compiled again: an earlier run kept in the store stopped this step's compile "
+            f"(it is not tried again under a limit no higher): {why}"
         )
 
 
