@@ -118,10 +118,8 @@ def evaluate_on(
     kept = _kept_evaluations(plan, targets, store) if kind is Backend.COMPILED else None
     if kept is not None:  # every platform's evaluation of this program is in the store
         return kept
-    workers = compile_workers(kind, 1)
-    limit = workers.memory_limit if workers is not None else None
-    if kind is Backend.COMPILED:
-        _refuse_if_stopped(plan, store, limit)
+    workers = compile_workers(kind, 1)  # None for a measured step: nothing to refuse
+    _refuse_if_stopped(plan, store, _limit_of(workers))
     under = lower_step(plan, step, args)
     if kind is Backend.MEASURED:
         executable = compile_program(under.lowered, kind)
@@ -219,8 +217,13 @@ def _compiled_text(
     try:
         return compile_to_text(lowered, workers)
     except CompileOutOfMemory as err:
-        _keep_stop(plan, store, err, workers.memory_limit if workers is not None else None)
+        _keep_stop(plan, store, err, _limit_of(workers))
         raise
+
+
+def _limit_of(workers: CompileWorkers | None) -> int | None:
+    """The memory a compile of `workers` may hold; None where programs compile here."""
+    return workers.memory_limit if workers is not None else None
 
 
 def _refuse_if_stopped(plan: Plan, store: EvaluationStore | None, limit: int | None) -> None:

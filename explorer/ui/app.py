@@ -323,11 +323,7 @@ class Explorer(Runner, widgets.VBox):
             finally:
                 self.baselines_w.disabled = False
 
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        if wait:
-            worker.join()
-        return worker
+        return _in_background(work, wait)
 
     def check_fit(self, wait: bool = False) -> threading.Thread:
         """Compile the whole step under the plan shown; where it needs more memory than the
@@ -361,15 +357,11 @@ class Explorer(Runner, widgets.VBox):
                 self._error("checking the plan compiled", err)
             else:
                 with self._lock:
-                    self._show_fit(FitCheck(analysis, pins, uniform, fit), budget)
+                    self._show_fit(FitCheck(analysis, pins, uniform, budget, fit))
             finally:
                 self.fit_w.disabled = False
 
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
-        if wait:
-            worker.join()
-        return worker
+        return _in_background(work, wait)
 
     # -- wiring -------------------------------------------------------------------------------
 
@@ -421,18 +413,14 @@ class Explorer(Runner, widgets.VBox):
                 0, s.analysis, s.choice, s.budget, tuple(sorted(s.pins.items())), s.uniform
             )
 
-    def _show_fit(self, check: FitCheck, budget: float | None) -> None:
+    def _show_fit(self, check: FitCheck) -> None:
         """A check's answer: where the app still shows what was checked, the plan that fits
         becomes the plan shown (the budget moves to its predicted memory, a frontier
         position); where the budget, pins or model changed meanwhile, nothing moves."""
         s = self.session
         fit = check.fit
         said = html.escape(fit.summary())
-        if s.analysis is not check.analysis or (
-            tuple(sorted(s.pins.items())),
-            s.uniform,
-            s.budget,
-        ) != (check.pins, check.uniform, budget):
+        if not check.asked_as(s):
             self.fit_label.value = (
                 f"{said} <i>(for the settings when it was asked; they have changed since, so "
                 "the plan shown was not moved)</i>"
@@ -488,3 +476,12 @@ class Explorer(Runner, widgets.VBox):
         if block is None or strategy is None:
             raise ExplorerError("choose a block and a strategy to pin")
         self.pin(int(block), str(strategy))
+
+
+def _in_background(work: Callable[[], None], wait: bool) -> threading.Thread:
+    """`work` on a daemon thread (a button's compile must not block the page); `wait` joins."""
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    if wait:
+        worker.join()
+    return worker

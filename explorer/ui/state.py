@@ -80,7 +80,16 @@ class FitCheck:
     analysis: Any
     pins: tuple[tuple[int, str], ...]
     uniform: bool
+    budget: float | None  # the session's (None: the device's memory, `fit.budget`)
     fit: CompiledFit
+
+    def asked_as(self, session: Session) -> bool:
+        """Whether `session` still has the analysis, pins, mode and budget it was asked under."""
+        return session.analysis is self.analysis and (
+            tuple(sorted(session.pins.items())),
+            session.uniform,
+            session.budget,
+        ) == (self.pins, self.uniform, self.budget)
 
     def shows(self, choice: Choice | None, analysis: Any) -> bool:
         """Whether `choice` (of `analysis`) is the plan this check compiled and found to fit."""
