@@ -38,6 +38,13 @@ def platform_key(platform_json: dict[str, Any]) -> str:
     return f"{platform_json.get('name', '?')}@{digest[:16]}"
 
 
+# A stopped compile is tried again only under a limit this much higher than the one it ran
+# into. The default limit is half the machine's memory, which differs by a few pages between
+# machines of one size (12,637,986,816 and 12,637,995,008 bytes: two sessions of this one),
+# and a compile that grew past one of them grows past the other.
+RETRY_ABOVE = 1.05
+
+
 class EvaluationStore(KeptRows):
     """An SQLite table of evaluations: (program digest, platform) -> Evaluation fields; and
     beside it (`stops`) the steps whose compile a worker's memory limit stopped: program
@@ -49,10 +56,11 @@ class EvaluationStore(KeptRows):
 
     def stopped_compile(self, program: str, limit: int) -> str | None:
         """Why the compile of `program` was stopped in an earlier run, where it ran into a
-        memory limit at least `limit` (compiling it again under a limit no higher would take
-        as long to end the same way); None where none was, or under a lower limit."""
+        memory limit no more than `RETRY_ABOVE` below `limit` (compiling it again under such
+        a limit would take as long to end the same way); None where none was, or where the
+        limit now is higher than that."""
         kept = self.stops.get((program,), lambda f: (int(f["limit"]), str(f["message"])))
-        return kept[1] if kept is not None and kept[0] >= limit else None
+        return kept[1] if kept is not None and limit <= kept[0] * RETRY_ABOVE else None
 
     def keep_stopped_compile(self, program: str, limit: int, message: str) -> None:
         """`program`'s compile was stopped at `limit` bytes per worker, saying `message`."""

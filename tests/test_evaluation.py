@@ -53,6 +53,19 @@ def _never_lowered(*args: Any) -> Any:
     raise AssertionError("the store holds this plan's evaluation: nothing to lower")
 
 
+def test_a_stopped_compile_is_refused_under_a_limit_a_few_pages_higher(tmp_path: Path) -> None:
+    """Half of two machines of one size differs by a few pages: a compile stopped at one
+    limit is not tried again under the other, only under a limit clearly higher."""
+    stopped = 12_637_986_816
+    with EvaluationStore(tmp_path / "evaluations.sqlite") as store:
+        store.keep_stopped_compile("step", stopped, "grew past the limit")
+        assert store.stopped_compile("step", stopped) == "grew past the limit"
+        assert store.stopped_compile("step", stopped + 8192) == "grew past the limit"
+        assert store.stopped_compile("step", stopped // 2) == "grew past the limit"
+        assert store.stopped_compile("step", int(stopped * 1.1)) is None
+        assert store.stopped_compile("another step", stopped) is None
+
+
 def test_a_compile_stopped_for_memory_is_kept_and_not_compiled_again_under_that_limit(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
