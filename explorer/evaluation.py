@@ -228,10 +228,11 @@ def _limit_of(workers: CompileWorkers | None) -> int | None:
 
 def _refuse_if_stopped(plan: Plan, store: EvaluationStore | None, limit: int | None) -> None:
     """Raise again the `CompileOutOfMemory` an earlier run kept for `plan`'s step, where the
-    compile workers may hold no more memory now than when it was stopped: such a compile
-    runs for minutes to be stopped the same way (BERT-large fp16 at batch 8 on 4 devices: its
-    FSDP step grew past 20 GiB in 8 minutes of compiling). Under a higher limit (`limit`, the
-    workers' now; None: compiled here, never stopped) it is tried."""
+    compile workers may hold no clearly higher memory now than when it was stopped
+    (`evaluation_store.RETRY_ABOVE`): such a compile runs for minutes to be stopped the same
+    way (BERT-large fp16 at batch 8 on 4 devices: its FSDP step grew past 20 GiB in 8 minutes
+    of compiling). Under a clearly higher limit (`limit`, the workers' now; None: compiled
+    here, never stopped) it is tried."""
     if store is None or limit is None:
         return
     why = store.stopped_compile(_program_digest(plan), limit)
