@@ -229,7 +229,7 @@ def _limit_of(workers: CompileWorkers | None) -> int | None:
 def _refuse_if_stopped(plan: Plan, store: EvaluationStore | None, limit: int | None) -> None:
     """Raise again the `CompileOutOfMemory` an earlier run kept for `plan`'s step, where the
     compile workers may hold no clearly higher memory now than when it was stopped
-    (`evaluation_store.RETRY_ABOVE`): such a compile runs for minutes to be stopped the same
+    (`units.MEMORY_LIMIT_MARGIN`): such a compile runs for minutes to be stopped the same
     way (BERT-large fp16 at batch 8 on 4 devices: its FSDP step grew past 20 GiB in 8 minutes
     of compiling). Under a clearly higher limit (`limit`, the workers' now; None: compiled
     here, never stopped) it is tried."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from explorer.kept_rows import KeptRows
+from explorer.units import MEMORY_LIMIT_MARGIN, limit_raised
 
 # what a plan document holds about its pricing, not about the program it compiles to
 PRICING_FIELDS = frozenset(
@@ -38,13 +39,6 @@ def platform_key(platform_json: dict[str, Any]) -> str:
     return f"{platform_json.get('name', '?')}@{digest[:16]}"
 
 
-# A stopped compile is tried again only under a limit this much higher than the one it ran
-# into. The default limit is half the machine's memory, which differs by a few pages between
-# machines of one size (12,637,986,816 and 12,637,995,008 bytes: two sessions of this one),
-# and a compile that grew past one of them grows past the other.
-RETRY_ABOVE = 1.05
-
-
 class EvaluationStore(KeptRows):
     """An SQLite table of evaluations: (program digest, platform) -> Evaluation fields; and
     beside it (`stops`) the steps whose compile a worker's memory limit stopped: program
@@ -56,11 +50,13 @@ class EvaluationStore(KeptRows):
 
     def stopped_compile(self, program: str, limit: int) -> str | None:
         """Why the compile of `program` was stopped in an earlier run, where it ran into a
-        memory limit no more than `RETRY_ABOVE` below `limit` (compiling it again under such
-        a limit would take as long to end the same way); None where none was, or where the
-        limit now is higher than that."""
+        memory limit that `limit` exceeds by no more than `units.MEMORY_LIMIT_MARGIN` of it
+        (compiling it again under such a limit would take as long to end the same way); None
+        where none was, or where the limit now is higher than that."""
         kept = self.stops.get((program,), lambda f: (int(f["limit"]), str(f["message"])))
-        return kept[1] if kept is not None and limit <= kept[0] * RETRY_ABOVE else None
+        if kept is None or limit_raised(limit, kept[0], margin=MEMORY_LIMIT_MARGIN):
+            return None
+        return kept[1]
 
     def keep_stopped_compile(self, program: str, limit: int, message: str) -> None:
         """`program`'s compile was stopped at `limit` bytes per worker, saying `message`."""

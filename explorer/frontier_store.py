@@ -44,6 +44,7 @@ from explorer.solve import (
     solver_memory_limit,
     solver_time_limit,
 )
+from explorer.units import MEMORY_LIMIT_MARGIN, limit_raised
 
 
 def _code_digest() -> str:
@@ -57,10 +58,6 @@ def _code_digest() -> str:
 
 
 _CODE = _code_digest()
-# The default memory limit is half of the machine's memory, which differs by a fraction of a
-# percent between machines of one size (what the kernel keeps back): no more room for a
-# frontier, so a refusal kept under it stands there too, not re-tried for many minutes.
-MEMORY_LIMIT_MARGIN = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +144,10 @@ def _frontier_from(
     again) where a selection does not fit the model or is priced otherwise than kept. A kept
     refusal stands while the solver may hold no more and take no longer than it could then."""
     if "too_large" in fields:
-        memory = fields["memory_limit"]
-        if _raised(solver_memory_limit(), memory, margin=MEMORY_LIMIT_MARGIN) or _raised(
-            solver_time_limit(), fields["time_limit"]
-        ):
+        more_room = limit_raised(
+            solver_memory_limit(), fields["memory_limit"], margin=MEMORY_LIMIT_MARGIN
+        )
+        if more_room or limit_raised(solver_time_limit(), fields["time_limit"]):
             return None  # more room or more time now: try again
         return FrontierTooLargeError(f"{fields['too_large']} (kept from an earlier run)")
     try:
@@ -233,14 +230,6 @@ def _hinted(
         f"{refusal} Or solve it approximately, within a stated bound: "
         "analyze(..., memory_resolution='64MiB') (explorer plan --memory-resolution 64MiB)."
     )
-
-
-def _raised(now: float | None, then: float | None, *, margin: float = 0.0) -> bool:
-    """Whether a limit (None: none) allows more now than it did then, by more than `margin`
-    of it."""
-    if now is None:
-        return then is not None
-    return then is not None and now > then * (1 + margin)
 
 
 def _opened(path: Path | None) -> FrontierStore | None:

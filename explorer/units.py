@@ -72,6 +72,21 @@ def format_bytes(amount: float, digits: int = 3) -> str:
     return f"{amount:.0f} B"
 
 
+# The default memory limit is half of the machine's memory, which differs by a fraction of a
+# percent between machines of one size (what the kernel keeps back: 12,637,986,816 and
+# 12,637,995,008 bytes in two sessions of this one): a refusal kept under one limit stands
+# under another this close, not tried again for many minutes to end the same way.
+MEMORY_LIMIT_MARGIN = 0.05
+
+
+def limit_raised(now: float | None, then: float | None, *, margin: float = 0.0) -> bool:
+    """Whether a limit (None: none) allows more now than it did then, by more than `margin`
+    of it."""
+    if now is None:
+        return then is not None
+    return then is not None and now > then * (1 + margin)
+
+
 def memory_limit(variable: str) -> int | None:
     """Bytes a memory-hungry stage may hold: $`variable` when set ("16GiB", or bytes), else
     half of this machine's memory; None where neither is known."""
