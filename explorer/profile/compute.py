@@ -41,10 +41,9 @@ from typing import Any
 from explorer.errors import HloComputeError
 from explorer.profile.hlo_reader import (
     _Computation,
-    _computation_blocks,
     _Instruction,
     _Operand,
-    _parse_instruction,
+    _read_computations,
 )
 
 # Every name `dot_flops` can group FLOPs under: the dtypes HLO gives dot operands, plus "tf32"
@@ -68,6 +67,8 @@ _CUBLAS_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8
 _MATMUL_LIKE = ("matmul", "gemm", "conv", "fmha")
 _MAX_WALK = 64  # steps when looking through converts; HLO chains are a handful long
 
+# the text by which a line may be an instruction `_Module.count` counts (its opcode, called)
+_COUNTED = (" dot(", " convolution(", " custom-call(")
 _CALLS = re.compile(r"\b(?:calls|to_apply)=%?(?P<name>[\w.\-]+)")
 _DIM_LABELS = re.compile(r"dim_labels=(?P<lhs>[0-9a-z]+)_(?P<rhs>[0-9a-z]+)->(?P<out>[0-9a-z]+)")
 _WINDOW = re.compile(r"window=\{(?P<body>[^}]*)\}")
@@ -88,7 +89,7 @@ def dot_flops(hlo_text: str) -> tuple[tuple[str, float], ...]:
     module = _Module.parse(hlo_text)
     totals: dict[str, float] = {}
     for computation in module.computations.values():
-        for instr in computation.instructions.values():
+        for instr in computation.instructions.with_text(*_COUNTED):
             counted = module.count(computation, instr)
             if counted is not None:
                 dtype, flops = counted
@@ -104,21 +105,10 @@ class _Module:
 
     @classmethod
     def parse(cls, text: str) -> _Module:
-        computations: dict[str, _Computation] = {}
-        for name, lines in _computation_blocks(text):
-            instructions: dict[str, _Instruction] = {}
-            root = None
-            for line in lines:
-                instr = _parse_instruction(line)
-                if instr is None:
-                    continue
-                instructions[instr.name] = instr
-                if line.lstrip().startswith("ROOT "):
-                    root = instr.name
-            computations[name] = _Computation(name, instructions, root)
+        computations = _read_computations(text)
         callers: dict[str, tuple[str, _Instruction]] = {}
         for computation in computations.values():
-            for instr in computation.instructions.values():
+            for instr in computation.instructions.with_text("calls=", "to_apply="):
                 called = instr.attr(_CALLS)
                 if called and instr.opcode in ("fusion", "call"):
                     callers.setdefault(called["name"], (computation.name, instr))

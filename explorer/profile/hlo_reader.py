@@ -1,5 +1,9 @@
 """A small reader of HLO text: computations, instructions and their operands, as
-`compute.dot_flops` needs them (shapes, opcodes, attributes and the JAX op name of each)."""
+`compute.dot_flops` needs them (shapes, opcodes, attributes and the JAX op name of each).
+
+An instruction is parsed from its line only when first asked for: a training step's module
+is mostly fused arithmetic no FLOP count reads (dropout's random bits are nine tenths of a
+small GPT step's lines), and parsing every line was most of pricing a compiled step."""
 
 from __future__ import annotations
 
@@ -39,11 +43,54 @@ class _Instruction:
         return pattern.search(self.attrs)
 
 
+class _Instructions:
+    """The instructions of one computation by name, each parsed when first asked for."""
+
+    __slots__ = ("_lines", "_parsed")
+
+    def __init__(self, lines: dict[str, str]) -> None:
+        self._lines = lines  # name -> its line, in the computation's order
+        self._parsed: dict[str, _Instruction | None] = {}
+
+    def get(self, name: str) -> _Instruction | None:
+        """The instruction `name` defines; None where no line of it parses as one."""
+        if name not in self._parsed:
+            line = self._lines.get(name)
+            self._parsed[name] = None if line is None else _parse_instruction(line)
+        return self._parsed[name]
+
+    def with_text(self, *needles: str) -> Iterator[_Instruction]:
+        """In order, the instructions whose line holds one of `needles` (a cheap filter on
+        the text: the caller still checks what it parsed)."""
+        for name, line in self._lines.items():
+            if any(needle in line for needle in needles):
+                found = self.get(name)
+                if found is not None:
+                    yield found
+
+
 @dataclass(frozen=True, slots=True)
 class _Computation:
     name: str
-    instructions: dict[str, _Instruction]
-    root: str | None
+    instructions: _Instructions
+    root: str | None  # the name its ROOT line defines
+
+
+def _read_computations(text: str) -> dict[str, _Computation]:
+    """Every computation of the module `text`, its instructions left unparsed."""
+    computations: dict[str, _Computation] = {}
+    for name, body in _computation_blocks(text):
+        lines: dict[str, str] = {}
+        root = None
+        for line in body:
+            head = _HEAD.match(line)
+            if head is None:
+                continue
+            lines[head["name"]] = line
+            if line.lstrip().startswith("ROOT "):
+                root = head["name"]
+        computations[name] = _Computation(name, _Instructions(lines), root)
+    return computations
 
 
 def _computation_blocks(text: str) -> Iterator[tuple[str, list[str]]]:
