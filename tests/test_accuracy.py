@@ -20,13 +20,17 @@ from explorer.accuracy import AccuracyReport, check_accuracy, composed_collectiv
 from explorer.profile.hlo import emitted, parse_collectives
 
 PLANS = 20
+# of which every fifth is also compiled as `apply_plan` runs it
+APPLIED_EVERY = 5
 # acceptance bounds of the fidelity issue: median and worst absolute time error, median
 # absolute memory error, and the rank correlation the benchmark aims at
 TIME_MEDIAN, TIME_WORST, MEMORY_MEDIAN, RANK = 0.03, 0.10, 0.05, 0.95
-# Measured at PROGRAM_VERSION transposed-18 (time median / worst, memory median / worst, rank
-# correlation): GPT 4 0.9 % / 3.9 %, 1.9 % / 9.0 %, 0.998; LLaMA 4 0.1 % / 8.1 %, 2.2 % /
-# 5.5 %, 0.997; BERT 4 1.0 % / 8.8 %, 1.8 % / 4.0 %, 1.000; and GPT 2x2 at MULTI_AXIS_VERSION
-# leader-19 2.7 % / 5.0 %, 2.3 % / 6.5 %, 0.997 (1.4 % / 4.8 %, 2.1 % / 3.2 % before). GPT 2x2
+# Measured at e3a5423 and again after pricing read fewer lines (the same to the digit; time
+# median / worst, memory median / worst, rank correlation): GPT 4 0.9 % / 3.9 %, 1.9 % /
+# 9.0 %, 0.998; LLaMA 4 0.1 % / 8.1 %, 2.2 % / 5.5 %, 0.998; BERT 4 1.8 % / 8.8 %, 1.8 % /
+# 4.0 %, 0.998; GPT 2x2 2.7 % / 6.1 %, 2.3 % / 6.5 %, 0.994. (The figures filed before,
+# at transposed-18 and leader-19, had BERT's median at 1.0 % and GPT 2x2's worst at 5.0 %:
+# changes since moved them, within the bounds, without this comment following.) GPT 2x2
 # is predicted high by a few all-reduce latencies: the pieces move the step's bytes exactly
 # (per kind and axes), but the step's combiner merges more of the batch-axis gradient
 # all-reduces (2-3 to 1 per group) than the profiles mark combinable. The worst time errors
@@ -73,16 +77,21 @@ def test_composed_prediction_matches_the_whole_step(name: str, mesh: tuple[int, 
 
 @pytest.mark.slow
 def test_the_program_that_runs_is_the_program_that_was_priced() -> None:
-    """For every plan of the set: `apply_plan` compiles to the collectives `evaluate`
-    prices, and those are the profiled pieces' collectives: per kind and mesh axes the same
-    bytes (all-reduces may be combined differently), every other kind one for one."""
+    """For every plan of the set, the collectives `evaluate` prices are the profiled pieces'
+    collectives: per kind and mesh axes the same bytes (all-reduces may be combined
+    differently), every other kind one for one. For every `APPLIED_EVERY`-th plan (frontier
+    and random ones alike) `apply_plan` compiles to exactly the collectives `evaluate` prices;
+    compiling all 20 took four of CI's minutes."""
     analysis, step, args, report = _checked("gpt", (4,))
     mesh = analysis.mesh
-    for check in report.checks:
+    assert len(report.checks[::APPLIED_EVERY]) >= 4
+    assert {check.kind for check in report.checks[::APPLIED_EVERY]} == {"frontier", "random"}
+    for at, check in enumerate(report.checks):
         plan = analysis.plan_of(check.selection, source=check.kind)
-        applied = ex.apply_plan(plan, step).lower(*args).compile()
-        ran = Counter(emitted(parse_collectives(applied.as_text(), mesh)))
-        assert ran == Counter(check.emitted), plan.strategies
+        if at % APPLIED_EVERY == 0:
+            applied = ex.apply_plan(plan, step).lower(*args).compile()
+            ran = Counter(emitted(parse_collectives(applied.as_text(), mesh)))
+            assert ran == Counter(check.emitted), plan.strategies
         pieces = composed_collectives(analysis, check.selection)
         assert _totals(pieces) == _totals(check.emitted), plan.strategies
         others = Counter(c for c in check.emitted if c[0] != "all-reduce")
