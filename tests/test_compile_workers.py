@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from explorer._jax_compat import CompileRequest, compile_request, read_executable
 from explorer.errors import BytesError
+from explorer.profile import compile_workers
 from explorer.profile.backends import FAST_COMPILE
 from explorer.profile.compile_workers import (
     MEMORY_LIMIT_VARIABLE,
@@ -80,6 +81,28 @@ def test_a_jax_setting_changed_here_reaches_the_worker() -> None:
     workers = CompileWorkers(processes=1, device_count=jax.device_count())
     try:
         assert workers.compile(request) == here
+    finally:
+        workers.close()
+
+
+def test_compile_once_answers_a_request_compiled_last_without_compiling_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A step evaluated and then explained is one request: the second is answered from the
+    pool's recent compiles (no worker started for it: each program has a fresh worker). The
+    recent ones are bounded by their text: past it the oldest is compiled again."""
+    workers = CompileWorkers(processes=1, device_count=jax.device_count(), programs_per_worker=1)
+    try:
+        first = workers.compile_once(_request(64))
+        assert workers.compile_once(_request(64)) == first and workers.started == 1
+        other = workers.compile_once(_request(128))
+        assert other != first and workers.started == 2
+        assert workers.compile_once(_request(64)) == first and workers.started == 2
+        # room for one program's text: the newest stays, the one before it goes
+        monkeypatch.setattr(compile_workers, "RECENT_TEXT_CHARS", len(first.hlo))
+        workers.compile_once(_request(192))
+        assert workers.started == 3
+        assert workers.compile_once(_request(64)) == first and workers.started == 4
     finally:
         workers.close()
 
@@ -144,8 +167,6 @@ def test_a_worker_refuses_to_serve_code_other_than_this_process_runs(
 ) -> None:
     """A worker imports the package afresh: after an upgrade or an edit on disk it would
     answer requests of another version. It says so and exits, and the program is named."""
-    from explorer.profile import compile_workers
-
     # this process as if it had imported the package before it changed on disk
     monkeypatch.setattr(compile_workers, "_CODE", "0123456789abcdef")
     workers = CompileWorkers(processes=1, device_count=jax.device_count())

@@ -149,7 +149,7 @@ def compile_to_text(lowered: Any, workers: CompileWorkers | None = None) -> Comp
     if workers is not None:
         request = compile_request(lowered, FAST_COMPILE)
         if request is not None:
-            return workers.compile(request)
+            return workers.compile_once(request)
     return read_executable(compile_program(lowered, Backend.COMPILED))
 
 

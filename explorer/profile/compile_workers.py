@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -55,6 +56,10 @@ PROGRAMS_PER_WORKER = 100
 MEMORY_LIMIT_VARIABLE = "EXPLORER_COMPILE_MEMORY_LIMIT"
 MEMORY_POLL_SECONDS = 0.5  # how often the watchdog reads each worker's resident memory
 PARENT_POLL_SECONDS = 0.5  # how often a worker checks that the process that started it lives
+
+# HLO text `CompileWorkers.compile_once` keeps of the programs compiled last (a paper-scale
+# step's is tens of MB; the most recent one is always kept)
+RECENT_TEXT_CHARS = 64 * 2**20
 
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 _CODE_VARIABLE = "EXPLORER_COMPILE_WORKER_CODE"
@@ -195,6 +200,9 @@ class CompileWorkers:
     _all: set[_Worker] = field(init=False, repr=False, default_factory=set)
     _watchdog: threading.Thread | None = field(init=False, repr=False, default=None)
     started: int = field(init=False, default=0)  # workers started so far (a probe for tests)
+    _recent: OrderedDict[bytes, CompiledText] = field(
+        init=False, repr=False, default_factory=OrderedDict
+    )
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.programs_per_worker < 1:
@@ -217,6 +225,23 @@ class CompileWorkers:
         if status == "error":
             raise CompileFailed(*payload)
         text: CompiledText = payload
+        return text
+
+    def compile_once(self, request: CompileRequest) -> CompiledText:
+        """`compile`, or the answer to the same request among the last ones this pool
+        compiled (`RECENT_TEXT_CHARS` of HLO text): the same request compiles to the same
+        program, and a step evaluated and then explained (`explain.attribute`) is one."""
+        key = hashlib.sha256(pickle.dumps(request)).digest()
+        with self._lock:
+            if key in self._recent:
+                self._recent.move_to_end(key)
+                return self._recent[key]
+        text = self.compile(request)
+        with self._lock:
+            self._recent[key] = text
+            kept = sum(len(t.hlo) for t in self._recent.values())
+            while kept > RECENT_TEXT_CHARS and len(self._recent) > 1:
+                kept -= len(self._recent.popitem(last=False)[1].hlo)
         return text
 
     def _ask(self, request: CompileRequest) -> tuple[str, Any]:
