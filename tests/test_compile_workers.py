@@ -236,8 +236,9 @@ def test_a_worker_whose_parent_dies_mid_compile_stops_with_it() -> None:
             break
         time.sleep(0.1)
     assert gone_after is not None and gone_after < 2.5
-    compile_seconds = float(run("time", layers).split("seconds ")[1].split()[0])
-    assert compile_seconds > waited + gone_after + 2  # the compile was far from its end
+    # the compile was far from its end: given as long again and 2 s more, it is still on
+    bound = waited + gone_after + 2
+    assert run("time", layers, f"{bound:.2f}").startswith("still compiling after")
 
 
 def _state(pid: int) -> str:
