@@ -18,6 +18,7 @@ from enum import StrEnum
 import numpy as np
 
 from explorer.mesh import MeshSpec
+from explorer.profile.hlo_reader import _computation_blocks
 
 
 class CollectiveKind(StrEnum):
@@ -203,32 +204,23 @@ _INDEX = re.compile(r"index=(\d+)")
 
 
 _FUSED_CALLEE = re.compile(r" fusion\([^\n]*?\bcalls=%?(?P<name>[\w.\-]+)")
-_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[^\s(]+)")
+_ENTRY_NAME = re.compile(r"^ENTRY\s+%?(?P<name>[^\s(]+)", re.MULTILINE)
 _COLLECTIVE_CALL = re.compile(rf"\s(?:{_KINDS})(?:-start|-done)?\(")
 
 
-def _outside_fusions(hlo: str) -> Iterator[str]:
-    """The module's lines, less those of the fused computations that hold no collective.
+def _outside_fusions(hlo: str) -> Iterator[tuple[bool, list[str]]]:
+    """(whether it is the entry, its body lines) of each computation of the module, less the
+    fused computations that hold no collective.
 
     Names are module-unique and nothing outside a fused computation names what is inside
     it, so no def-use path from a collective enters one; and fusions are most of a step's
     lines (dropout's random bits: nine tenths of a small GPT step's)."""
     fused = frozenset(_FUSED_CALLEE.findall(hlo))
-    held: list[str] | None = None  # the lines of the fused computation being read
-    for line in hlo.splitlines():
-        if held is not None:
-            held.append(line)
-            if line.startswith("}"):
-                if _COLLECTIVE_CALL.search("\n".join(held)):
-                    yield from held
-                held = None
+    entry = _ENTRY_NAME.search(hlo)
+    for name, body in _computation_blocks(hlo):
+        if name in fused and not _COLLECTIVE_CALL.search("\n".join(body)):
             continue
-        if line.endswith("{") and not line.startswith(("HloModule", " ", "\t")):
-            head = _COMPUTATION.match(line)
-            if head is not None and head["name"] in fused:
-                held = [line]
-                continue
-        yield line
+        yield entry is not None and name == entry["name"], body
 
 
 class _Dataflow:
@@ -243,34 +235,34 @@ class _Dataflow:
         self.size: dict[str, int | None] = {}  # elements of the result (None: a tuple)
         self.root_operands: list[str] = []
         self._device_values: set[str] | None = None
-        in_entry = False
-        for line in _outside_fusions(hlo):
-            if line.startswith("ENTRY"):
-                in_entry = True
-            elif line.startswith("}"):
-                in_entry = False
-            match = _DEFINITION.match(line)
-            if match is None:
-                continue
-            name, rest = match["name"], match["rest"]
-            opcode = _OPCODE.search(rest)
-            self.opcode[name] = opcode["op"] if opcode else ""
-            head = rest.split("), ", 1)[0]  # operands, before the attributes
-            operands = _REFERENCE.findall(head)
-            self.operands[name] = operands
-            for operand in operands:
-                self.users.setdefault(operand, []).append(name)
-            shape = rest.split(" ", 1)[0]
-            dims = _SHAPE.fullmatch(shape.split("{", 1)[0])
-            self.size[name] = (
-                None if dims is None else math.prod(int(d) for d in dims["dims"].split(",") if d)
-            )
-            if self.opcode[name] == "get-tuple-element":
-                found = _INDEX.search(rest)
-                if found:
-                    self.index[name] = int(found[1])
-            if in_entry and match["root"]:
-                self.root_operands = operands if self.opcode[name] == "tuple" else [name]
+        for in_entry, body in _outside_fusions(hlo):
+            for line in body:
+                self._read(line, in_entry)
+
+    def _read(self, line: str, in_entry: bool) -> None:
+        """The edges of one instruction's line (`in_entry`: of the entry computation)."""
+        match = _DEFINITION.match(line)
+        if match is None:
+            return
+        name, rest = match["name"], match["rest"]
+        opcode = _OPCODE.search(rest)
+        self.opcode[name] = opcode["op"] if opcode else ""
+        head = rest.split("), ", 1)[0]  # operands, before the attributes
+        operands = _REFERENCE.findall(head)
+        self.operands[name] = operands
+        for operand in operands:
+            self.users.setdefault(operand, []).append(name)
+        shape = rest.split(" ", 1)[0]
+        dims = _SHAPE.fullmatch(shape.split("{", 1)[0])
+        self.size[name] = (
+            None if dims is None else math.prod(int(d) for d in dims["dims"].split(",") if d)
+        )
+        if self.opcode[name] == "get-tuple-element":
+            found = _INDEX.search(rest)
+            if found:
+                self.index[name] = int(found[1])
+        if in_entry and match["root"]:
+            self.root_operands = operands if self.opcode[name] == "tuple" else [name]
 
     def _by_device(self) -> set[str]:
         """Small values computed from the device's id (offsets of its own slice)."""
