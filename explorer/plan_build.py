@@ -10,7 +10,7 @@ import jax
 
 from explorer.errors import PlanError
 from explorer.ir import BlockAnalysis, Config, DimAxes, Graph, Segmentation, ValueKind
-from explorer.layouts import MOVED_ONCE, place, shared_moves
+from explorer.layouts import MOVED_ONCE, boundary_shared_moves
 from explorer.mesh import MeshSpec
 from explorer.plan_space import recorded_space
 from explorer.plan_types import (
@@ -123,14 +123,7 @@ def make_plan(
         predicted=Prediction(time, int(memory), int(memory_eq9), budget),
         boundary_rules=boundary_rules
         + scattering_marks(chosen)
-        + _moved_once(
-            graph,
-            blocks,
-            config,
-            mesh=mesh,
-            segmentation=segmentation,
-            parameter_layouts=parameter_layouts,
-        ),
+        + _moved_once(graph, blocks, config, mesh=mesh, segmentation=segmentation),
         space=recorded_space(graph, blocks, mesh, space, [c.strategy for c in choices]),
     )
 
@@ -142,15 +135,13 @@ def _moved_once(
     *,
     mesh: MeshSpec,
     segmentation: Segmentation | None,
-    parameter_layouts: Mapping[str, DimAxes] | None,
 ) -> tuple[str, ...]:
-    """`(MOVED_ONCE,)` where the whole step placed on `segmentation` shares a move."""
+    """`(MOVED_ONCE,)` where the whole step placed on `segmentation` shares a move (found
+    from its boundaries alone: the parameters' layouts do not change what crosses them)."""
     if segmentation is None:
         return ()
-    placement = place(
-        graph, blocks.blocks, config, mesh, segmentation, parameter_layouts=parameter_layouts
-    )
-    return (MOVED_ONCE,) if shared_moves(graph, placement.assignment) else ()
+    shared = boundary_shared_moves(graph, blocks.blocks, config, mesh, segmentation)
+    return (MOVED_ONCE,) if shared else ()
 
 
 def make_layout_plan(

@@ -3,6 +3,7 @@ where the analysis does not know the primitive."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -220,14 +221,39 @@ def _squeeze(shape: tuple[int, ...], dimensions: Sequence[int]) -> AffineMap:
 
 def traced_op_maps(op: OpNode, result: int = 0) -> tuple[AffineMap | None, ...] | None:
     """`op_maps` of a traced op's `result`; None where the op is unknown or its parameters do
-    not fit what the analysis expects of its primitive."""
+    not fit what the analysis expects of its primitive. Kept per signature (primitive,
+    parameters, shapes): a deep step repeats each layer's ops, and its placement, blocks and
+    per-op problems ask for the maps of each op many times."""
+    signature = (
+        op.primitive,
+        op.params,
+        tuple(t.shape for t in op.input_types),
+        op.output_types[result].shape,
+    )
     try:
-        return op_maps(
-            op.primitive,
-            op.params_dict,
-            [t.shape for t in op.input_types],
-            op.output_types[result].shape,
-        )
+        return _signature_maps(*signature)
+    except TypeError:  # a parameter that cannot be a key (a list, say): computed afresh
+        return _maps_or_none(*signature)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _signature_maps(
+    primitive: str,
+    params: tuple[tuple[str, Any], ...],
+    operand_shapes: tuple[tuple[int, ...], ...],
+    result_shape: tuple[int, ...],
+) -> tuple[AffineMap | None, ...] | None:
+    return _maps_or_none(primitive, params, operand_shapes, result_shape)
+
+
+def _maps_or_none(
+    primitive: str,
+    params: tuple[tuple[str, Any], ...],
+    operand_shapes: tuple[tuple[int, ...], ...],
+    result_shape: tuple[int, ...],
+) -> tuple[AffineMap | None, ...] | None:
+    try:
+        return op_maps(primitive, dict(params), operand_shapes, result_shape)
     except (KeyError, ValueError, TypeError, IndexError):
         return None
 

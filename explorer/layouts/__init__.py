@@ -22,8 +22,11 @@ from explorer.layouts.dependencies import (
 from explorer.layouts.placement import (
     MOVED_ONCE,
     PARTIAL_REDUCTIONS,
+    BoundaryMove,
     Placement,
+    boundary_constraints,
     boundary_reads,
+    boundary_shared_moves,
     place,
     shared_moves,
 )
@@ -32,8 +35,11 @@ __all__ = [
     "CONTEXT_SEPARATOR",
     "MOVED_ONCE",
     "PARTIAL_REDUCTIONS",
+    "BoundaryMove",
     "Placement",
+    "boundary_constraints",
     "boundary_reads",
+    "boundary_shared_moves",
     "configuration_name",
     "external_blocks",
     "instance_dependencies",

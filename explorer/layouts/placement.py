@@ -112,6 +112,90 @@ def shared_moves(graph: Graph, assignment: ShardingAssignment) -> tuple[tuple[in
     return tuple((vid, count) for (vid, _), count in readers.items() if count > 1)
 
 
+@dataclass(frozen=True, slots=True)
+class BoundaryMove:
+    """A tensor crossing a segment boundary: made in `produced` (as the block before the
+    boundary leaves it), read at `reads` (op, position) in `wanted` (as the block after it
+    wants it), and the blocks that decided each."""
+
+    value: int
+    produced: DimAxes
+    wanted: DimAxes
+    producer_blocks: frozenset[int]
+    reader_blocks: frozenset[int]
+    reads: tuple[tuple[int, int], ...]
+
+
+def boundary_constraints(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    config: Config,
+    mesh: MeshSpec,
+    segmentation: Segmentation,
+) -> tuple[BoundaryMove, ...]:
+    """Every boundary's tensors under `config`, in boundary order (a later one overrides an
+    earlier one's layout of the same tensor): what the walk constrains before it places the
+    ops, and all that decides which moves the whole step shares (`boundary_shared_moves`)."""
+    blocks_of = [i.blocks for i in segmentation.instances]
+    found: list[BoundaryMove] = []
+    for boundary in segmentation.boundaries:
+        before, after = boundary.before, boundary.before + 1
+        last = blocks_of[before][-1] if blocks_of[before] else None
+        first = blocks_of[after][0] if blocks_of[after] else None
+        moves = boundary_moves(
+            graph,
+            blocks,
+            segmentation,
+            before,
+            mesh,
+            last_choice=config.choices[last] if last is not None else 0,
+            first_choice=config.choices[first] if first is not None else 0,
+        )
+        forward = set(boundary.forward)
+        for vid, produced, wanted in moves:
+            producer_block, reader_block = (last, first) if vid in forward else (first, last)
+            reader_segment = after if vid in forward else before
+            reads = tuple(
+                (user, position)
+                for user in graph.users(vid)
+                if segmentation.segment_of_op[user] == reader_segment
+                for position, operand in enumerate(graph.ops[user].inputs)
+                if operand == vid
+            )
+            found.append(
+                BoundaryMove(
+                    vid, produced, wanted, _only(producer_block), _only(reader_block), reads
+                )
+            )
+    return tuple(found)
+
+
+def boundary_shared_moves(
+    graph: Graph,
+    blocks: tuple[ParallelBlock, ...],
+    config: Config,
+    mesh: MeshSpec,
+    segmentation: Segmentation,
+) -> tuple[tuple[int, int], ...]:
+    """`shared_moves` of the step placed on `segmentation` under `config`, without placing
+    it: a boundary tensor is made in the layout its boundary fixes, and its readers read it
+    in the one the boundary wants, so only the boundaries decide which moves are shared
+    (a plan's `MOVED_ONCE` mark, for each plan built, at a fraction of a placement's cost)."""
+    made: dict[int, DimAxes] = {}
+    read: dict[tuple[int, int], DimAxes] = {}
+    for move in boundary_constraints(graph, blocks, config, mesh, segmentation):
+        made[move.value] = move.produced
+        read.update(dict.fromkeys(move.reads, move.wanted))
+    readers: dict[tuple[int, DimAxes], int] = {}
+    for (op, position), wanted in read.items():
+        vid = graph.ops[op].inputs[position]
+        # (as `place` leaves it: a tensor made whole is sliced where read; a PRNG key, the
+        # compiler places)
+        if wanted != made[vid] and any(made[vid]) and _numeric(graph.values[vid].type.dtype):
+            readers[(vid, wanted)] = readers.get((vid, wanted), 0) + 1
+    return tuple((vid, count) for (vid, _), count in readers.items() if count > 1)
+
+
 def boundary_reads(segmentation: Segmentation, graph: Graph) -> set[tuple[int, int]]:
     """(value id, reading segment) of every tensor crossing a boundary: where T_R applies."""
     reads: set[tuple[int, int]] = set()
@@ -148,7 +232,6 @@ class _Walk:
         self.read_sources: dict[tuple[int, int], frozenset[int]] = {}
         self.crossing: set[tuple[int, int]] = set()  # reads of boundary tensors
         self.unplaced: list[int] = []
-        self._result_maps: dict[int, tuple[affine.AffineMap | None, ...] | None] = {}
         owner: dict[int, int] = {}
         for block in blocks:
             for value_layout in block.layouts:
@@ -179,7 +262,6 @@ class _Walk:
 
     def constrain_boundaries(self, segmentation: Segmentation, config: Config) -> None:
         graph = self.graph
-        blocks_of = [i.blocks for i in segmentation.instances]
         # A block whose split survives past its instance's end (an RMSNorm of the next
         # layer keeps the batch split of this layer's last block) does not reach into the
         # next instance: there the tensor arrives as that instance's first block wants it,
@@ -194,32 +276,12 @@ class _Walk:
                 and segmentation.segment_of_op[producer] != home[owner]
             ):
                 del self.fixed[vid]
-        for boundary in segmentation.boundaries:
-            before, after = boundary.before, boundary.before + 1
-            last = blocks_of[before][-1] if blocks_of[before] else None
-            first = blocks_of[after][0] if blocks_of[after] else None
-            moves = boundary_moves(
-                graph,
-                self.blocks,
-                segmentation,
-                before,
-                self.mesh,
-                last_choice=config.choices[last] if last is not None else 0,
-                first_choice=config.choices[first] if first is not None else 0,
-            )
-            forward = set(boundary.forward)
-            for vid, produced, wanted in moves:
-                producer_block, reader_block = (last, first) if vid in forward else (first, last)
-                reader_segment = after if vid in forward else before
-                self.fixed[vid] = (produced, _only(producer_block))
-                for user in graph.users(vid):
-                    if segmentation.segment_of_op[user] != reader_segment:
-                        continue
-                    for position, operand in enumerate(graph.ops[user].inputs):
-                        if operand == vid:
-                            self.fixed_reads[(user, position)] = wanted
-                            self.read_sources[(user, position)] = _only(reader_block)
-                            self.crossing.add((user, position))
+        for move in boundary_constraints(graph, self.blocks, config, self.mesh, segmentation):
+            self.fixed[move.value] = (move.produced, move.producer_blocks)
+            for read in move.reads:
+                self.fixed_reads[read] = move.wanted
+                self.read_sources[read] = move.reader_blocks
+                self.crossing.add(read)
 
     def run(self) -> None:
         for op in self.graph.ops:
@@ -228,10 +290,8 @@ class _Walk:
     # -- one op ----------------------------------------------------------------------------
 
     def _maps(self, op: OpNode) -> tuple[affine.AffineMap | None, ...] | None:
-        """`affine.traced_op_maps` of the op's first result, computed once per walk."""
-        if op.id not in self._result_maps:
-            self._result_maps[op.id] = affine.traced_op_maps(op, 0)
-        return self._result_maps[op.id]
+        """`affine.traced_op_maps` of the op's first result."""
+        return affine.traced_op_maps(op, 0)
 
     def _place(self, op: OpNode) -> None:
         graph = self.graph
