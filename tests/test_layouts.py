@@ -22,6 +22,7 @@ from explorer.blocks import build_blocks
 from explorer.ir import Config
 from explorer.layouts import (
     MOVED_ONCE,
+    boundary_shared_moves,
     external_blocks,
     instance_dependencies,
     loop_twins,
@@ -287,8 +288,6 @@ def test_shared_moves_found_from_the_boundaries_are_the_placed_steps(
     """A plan's `MOVED_ONCE` mark is read from its boundaries (`boundary_shared_moves`)
     rather than from the whole step placed (`place`, a walk over every op, once per plan
     built): the two agree on the baselines' configurations and on random ones."""
-    from explorer.layouts import boundary_shared_moves
-
     _, _, graph = traced(name)
     spec = mesh_spec(mesh)
     space = build_space(build_blocks(graph, spec.size), spec, sequence_parallel=sequence_parallel)

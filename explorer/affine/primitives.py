@@ -231,21 +231,12 @@ def traced_op_maps(op: OpNode, result: int = 0) -> tuple[AffineMap | None, ...] 
         op.output_types[result].shape,
     )
     try:
-        return _signature_maps(*signature)
-    except TypeError:  # a parameter that cannot be a key (a list, say): computed afresh
         return _maps_or_none(*signature)
+    except TypeError:  # a parameter that cannot be a key (a list, say): computed afresh
+        return _maps_or_none.__wrapped__(*signature)
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _signature_maps(
-    primitive: str,
-    params: tuple[tuple[str, Any], ...],
-    operand_shapes: tuple[tuple[int, ...], ...],
-    result_shape: tuple[int, ...],
-) -> tuple[AffineMap | None, ...] | None:
-    return _maps_or_none(primitive, params, operand_shapes, result_shape)
-
-
 def _maps_or_none(
     primitive: str,
     params: tuple[tuple[str, Any], ...],

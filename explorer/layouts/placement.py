@@ -36,7 +36,8 @@ their results stay replicated, and they are listed, never hidden.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,10 +106,15 @@ def shared_moves(graph: Graph, assignment: ShardingAssignment) -> tuple[tuple[in
     """The moves of boundary tensors two readers or more share: (value id, readers), one per
     tensor and layout read (`ShardingAssignment.crossing_reads`)."""
     layout = {(op, position): dims for op, position, dims in assignment.operands}
-    readers: dict[tuple[int, DimAxes], int] = {}
-    for op, position in assignment.crossing_reads:
-        key = (graph.ops[op].inputs[position], layout[(op, position)])
-        readers[key] = readers.get(key, 0) + 1
+    return _shared(
+        (graph.ops[op].inputs[position], layout[(op, position)])
+        for op, position in assignment.crossing_reads
+    )
+
+
+def _shared(reads: Iterable[tuple[int, DimAxes]]) -> tuple[tuple[int, int], ...]:
+    """(value id, readers) of each tensor read in one layout by two readers or more."""
+    readers = Counter(reads)
     return tuple((vid, count) for (vid, _), count in readers.items() if count > 1)
 
 
@@ -186,14 +192,14 @@ def boundary_shared_moves(
     for move in boundary_constraints(graph, blocks, config, mesh, segmentation):
         made[move.value] = move.produced
         read.update(dict.fromkeys(move.reads, move.wanted))
-    readers: dict[tuple[int, DimAxes], int] = {}
-    for (op, position), wanted in read.items():
-        vid = graph.ops[op].inputs[position]
-        # (as `place` leaves it: a tensor made whole is sliced where read; a PRNG key, the
-        # compiler places)
-        if wanted != made[vid] and any(made[vid]) and _numeric(graph.values[vid].type.dtype):
-            readers[(vid, wanted)] = readers.get((vid, wanted), 0) + 1
-    return tuple((vid, count) for (vid, _), count in readers.items() if count > 1)
+    moved = ((graph.ops[op].inputs[position], wanted) for (op, position), wanted in read.items())
+    # (as `place` leaves it: a tensor made whole is sliced where read; a PRNG key, the
+    # compiler places)
+    return _shared(
+        (vid, wanted)
+        for vid, wanted in moved
+        if wanted != made[vid] and any(made[vid]) and _numeric(graph.values[vid].type.dtype)
+    )
 
 
 def boundary_reads(segmentation: Segmentation, graph: Graph) -> set[tuple[int, int]]:
