@@ -239,6 +239,9 @@ def test_the_explorer_in_jupyterlab(lab: tuple[str, Path], tmp_path: Path) -> No
                 timeout=RUN_S * 1000,
             )
             _no_failure(app)
+            # the summary is drawn before the graph, bars and frontier, and the run holds the
+            # app's lock until they are: its button comes back when the run is done
+            expect(app.locator(".explorer-run")).to_be_enabled(timeout=RUN_S * 1000)
             shown = _shown_strategies(app)
             assert len(shown) > len(strategies), "the MoE step has more blocks than GPT's"
             app.screenshot(path=str(tmp_path / "moe.png"))
@@ -342,7 +345,13 @@ def _export_matches_the_plan_shown(app: Any, summary: Any, plan: Path) -> None:
     deadline = time.monotonic() + STEP_S
     while not plan.is_file() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert plan.is_file(), app.locator(".explorer-message").inner_text()
+    assert plan.is_file(), (
+        f"no {plan.name} {STEP_S} s after the click; message: "
+        f"{app.locator('.explorer-message').inner_text()!r}; export button enabled: "
+        f"{app.locator('.explorer-export').first.is_enabled()}; progress: "
+        f"{app.locator('.explorer-progress').inner_text()!r}"
+    )
+    print(f"export: click to file {STEP_S - (deadline - time.monotonic()):.1f} s")
     app.locator("a.explorer-download").wait_for()
     _no_failure(app)
     exported = load_plan(plan)
