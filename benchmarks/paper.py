@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.paper_grid import (
     ALPA_TIME_LIMIT,
-    APPROXIMATE_RESOLUTION,
+    APPROXIMATE_RESOLUTIONS,
     BASELINES,
     DEFAULT_CACHE,
     KEPT_CACHE,
@@ -351,13 +351,10 @@ def _with_wider_space(
         )
 
     try:
-        try:
-            analysis = analysed()
-        except FrontierTooLargeError:  # profiled, but too large for the exact solver
-            analysis = analysed(APPROXIMATE_RESOLUTION)
+        analysis = _solved_coarser_where_refused(analysed)
     except ProfilingCancelled:
         return None
-    except FrontierTooLargeError as err:  # too large even so
+    except FrontierTooLargeError as err:  # too large even at the coarsest resolution
         run.skipped.append(f"{case.label}: {space.title}: {str(err).splitlines()[0]}")
         return None
     cost = _search_cost(analysis, time.perf_counter() - start)
@@ -375,6 +372,24 @@ def _with_wider_space(
     )  # fmt: skip
     plans.update(mine)
     return WiderAnalysis(analysis, cost)
+
+
+def _solved_coarser_where_refused(analysed: Callable[..., Any]) -> Any:
+    """`analysed()`, the space solved exactly; where the solver refuses it (profiled, but its
+    frontier too large), `analysed(resolution)` at each of `APPROXIMATE_RESOLUTIONS` in turn:
+    the first answer. The last refusal is raised where every one was refused."""
+    from explorer.errors import FrontierTooLargeError
+
+    try:
+        return analysed()
+    except FrontierTooLargeError as refusal:
+        last = refusal
+    for resolution in APPROXIMATE_RESOLUTIONS:
+        try:
+            return analysed(resolution)
+        except FrontierTooLargeError as refusal:
+            last = refusal
+    raise last
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from benchmarks.accuracy import accuracy_case
 from benchmarks.cases import README_END, README_START, Case, Run, build_step, quick_settings
 from benchmarks.paper import run_paper
 from benchmarks.paper_grid import (
-    APPROXIMATE_RESOLUTION,
+    APPROXIMATE_RESOLUTIONS,
     BASELINES,
     KEPT_CACHE,
     PAPER_DIR,
@@ -352,23 +352,27 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("refused_approximately", [0, 1])
 def test_a_wider_space_refused_exactly_is_solved_approximately_and_reported_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_approximately: int
 ) -> None:
     """The bench's retry: a whole-mesh space whose exact frontier the solver refuses is solved
-    again with `APPROXIMATE_RESOLUTION`, and the report and CSV say how far from exact it may
-    be. No space this small is refused, so the refusal is injected where the exact solve of
-    the wider space would raise it; the approximate solve that follows is the real one, made
-    coarse at every step (`APPROXIMATE_ABOVE` 0) so that it has a slack to report."""
+    again at the first of `APPROXIMATE_RESOLUTIONS` it does not refuse, and the report and CSV
+    say how far from exact it may be. No space this small is refused, so the refusals are
+    injected where the exact solve of the wider space (and, in the second case, the finest
+    approximate one) would raise them; the solve that follows is the real one, made coarse at
+    every step (`APPROXIMATE_ABOVE` 0) so that it has a slack to report."""
     from explorer import pipeline, solve
     from explorer.errors import FrontierTooLargeError
 
     real = pipeline.analyze
+    refusing = (0, *APPROXIMATE_RESOLUTIONS[:refused_approximately])
     refused: list[int] = []
 
     def analyze(*args: Any, **options: Any) -> Any:
-        if options.get("whole_mesh") and not options.get("memory_resolution"):
-            refused.append(1)
+        resolution = options.get("memory_resolution") or 0
+        if options.get("whole_mesh") and resolution in refusing:
+            refused.append(resolution)
             raise FrontierTooLargeError("the frontier of this space is too large (injected)")
         return real(*args, **options)
 
@@ -385,7 +389,9 @@ def test_a_wider_space_refused_exactly_is_solved_approximately_and_reported_so(
     )
     frame = pd.read_csv(tmp_path / "paper.csv")
     whole = frame[frame["plan"] == "cfp_whole"].iloc[0]
-    assert refused and whole["frontier_resolution_mib"] == APPROXIMATE_RESOLUTION / 2**20
+    assert refused == list(refusing)  # each refused once, in the order tried
+    solved_at = APPROXIMATE_RESOLUTIONS[refused_approximately]
+    assert whole["frontier_resolution_mib"] == solved_at / 2**20
     # every step is coarse: the slack is the resolution times a whole number of steps
     steps = whole["frontier_slack_mib"] / whole["frontier_resolution_mib"]
     assert steps >= 1 and steps == int(steps)
