@@ -375,21 +375,16 @@ def _with_wider_space(
 
 
 def _solved_coarser_where_refused(analysed: Callable[..., Any]) -> Any:
-    """`analysed()`, the space solved exactly; where the solver refuses it (profiled, but its
-    frontier too large), `analysed(resolution)` at each of `APPROXIMATE_RESOLUTIONS` in turn:
-    the first answer. The last refusal is raised where every one was refused."""
+    """`analysed(resolution)` exactly (resolution 0), then, where the solver refuses it
+    (profiled, but its frontier too large), at each of `APPROXIMATE_RESOLUTIONS` in turn: the
+    first answer. The last refusal is raised where every one was refused."""
     from explorer.errors import FrontierTooLargeError
 
-    try:
-        return analysed()
-    except FrontierTooLargeError as refusal:
-        last = refusal
-    for resolution in APPROXIMATE_RESOLUTIONS:
-        try:
+    *finer, coarsest = (0, *APPROXIMATE_RESOLUTIONS)
+    for resolution in finer:
+        with contextlib.suppress(FrontierTooLargeError):
             return analysed(resolution)
-        except FrontierTooLargeError as refusal:
-            last = refusal
-    raise last
+    return analysed(coarsest)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from explorer.profile.accounting import (
 from explorer.profile.backends import MEASURED_VERSION, Backend
 from explorer.profile.cache import ProgramKey
 from explorer.profile.compile_flags import flags_mark, measured_flags_mark
+from explorer.profile.hlo import Collective
 from explorer.realize import StandaloneProgram, reshard_program, segment_program
 from explorer.space import (
     ANCESTOR_BOUNDARIES,
@@ -46,10 +47,6 @@ from explorer.space import (
     segment_input_layouts,
     tracing_changes,
 )
-
-# What a collective's price depends on, as the cache keeps it (`records.reprice`): kind,
-# bytes, group size, mesh axes and scattered bytes, not which ops made it
-PriceKey = tuple[str, int, int, tuple[str, ...], int]
 
 # Bump when the way programs are built changes (what is constrained, where), or what their
 # profile rows hold (scattered-19: an all-reduce read only as each device's own slice is
@@ -136,7 +133,7 @@ class _Context:
             else instance_dependencies(self.graph, self.analysis, self.segmentation, self.mesh)
         )
         self.twins = loop_twins(self.graph, self.analysis.blocks)
-        self.prices: dict[PriceKey, float] = {}  # see `records.reprice`
+        self.prices: dict[Collective, float] = {}  # see `records.reprice`
         self.owner = input_owners(self.graph, self.segmentation)
         self.settled = settled_values(self.graph)
 

@@ -14,7 +14,7 @@ from explorer.mesh import MeshSpec
 from explorer.profile.backends import Backend, ProgramProfile, compute_time
 from explorer.profile.cache_record import ProfileRecord, Status
 from explorer.profile.hlo import Collective, CollectiveKind
-from explorer.profile.jobs import PriceKey, _Context, _Job
+from explorer.profile.jobs import _Context, _Job
 from explorer.profile.profiles import Profile, ReshardProfile, SegmentProfile
 
 
@@ -127,7 +127,7 @@ def reprice(
     record: ProfileRecord,
     platform: Any,
     mesh: MeshSpec,
-    prices: dict[PriceKey, float] | None = None,
+    prices: dict[Collective, float] | None = None,
 ) -> tuple[float, float]:
     """(T_C, T_P) of a compiled profile on `platform`, from its collectives and cost.
 
@@ -136,17 +136,11 @@ def reprice(
     prices = {} if prices is None else prices
     t_comm = 0.0
     for entry in json.loads(record.collectives):
-        key = (
-            entry["kind"],
-            int(entry["bytes"]),
-            int(entry["group"]),
-            tuple(entry["axes"]),
-            int(entry.get("scattered", 0)),
-        )
-        price = prices.get(key)
+        # the price does not depend on which ops made the collective
+        collective = replace(collective_from_json(entry), op_names=())
+        price = prices.get(collective)
         if price is None:
-            collective = replace(collective_from_json(entry), op_names=())
-            price = prices[key] = platform.price(collective, mesh)
+            price = prices[collective] = platform.price(collective, mesh)
         t_comm += price
     dots = tuple(json.loads(record.dot_flops or "{}").items())
     return t_comm, compute_time(platform, dots, record.flops, record.bytes_accessed)
