@@ -51,6 +51,7 @@ class WiderSpace:
     whole_mesh: bool = False
     batch_outer: bool = False
     sequence_parallel: bool = False
+    free_axes: bool = False
     # cut under `analyze`'s default cap instead of the run's
     default_cap: bool = False
 
@@ -75,7 +76,9 @@ class WiderSpace:
     @property
     def keyword(self) -> str:
         """The `analyze` keywords that build the space, as the report writes them."""
-        switches = ("shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel")
+        switches = (
+            "shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel", "free_axes"
+        )  # fmt: skip
         given = [f"{switch}=True" for switch in switches if getattr(self, switch)]
         cap = [f"config_cap={self.config_cap}"] if self.default_cap else []
         return ", ".join(given + cap)
@@ -97,12 +100,18 @@ class WiderSpace:
     @property
     def switches(self) -> tuple[bool, ...]:
         """`analyze`'s switches that build the space, in `keyword`'s order."""
-        return (self.shard_parameters, self.whole_mesh, self.batch_outer, self.sequence_parallel)
+        return (
+            self.shard_parameters,
+            self.whole_mesh,
+            self.batch_outer,
+            self.sequence_parallel,
+            self.free_axes,
+        )
 
     @property
     def two_d_only(self) -> bool:
         """Whether on a 1-D mesh the space is the paper's (the case then has no rows)."""
-        return self.whole_mesh or self.batch_outer
+        return self.whole_mesh or self.batch_outer or self.free_axes
 
 
 WIDER_SPACES = (
@@ -180,6 +189,16 @@ WIDER_SPACES = (
         "there is no such space at the run's cap",
         sequence_parallel=True,
         default_cap=True,
+    ),
+    WiderSpace(
+        row="cfp_free",
+        flag="--free-axes",
+        title="CFP with free axes",
+        about="on a 2-D mesh every block may take any assignment of its roles to the mesh's "
+        "axes: the batch on the inner axis as well as the outer one (where the paper's rule "
+        "pins it outer), each role over either axis or over both (the whole-mesh strategies "
+        "among them); on a 1-D mesh the space is the paper's",
+        free_axes=True,
     ),
 )
 

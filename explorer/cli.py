@@ -180,6 +180,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cfp_outer_gpu); without it the report shows them where the cache holds that space",
     )
     bench.add_argument(
+        "--free-axes",
+        action="store_true",
+        help="with --paper: also profile CFP's space with every axis-to-role assignment on "
+        "2-D meshes, the batch on the inner axis among them (rows cfp_free, cfp_free_gpu); "
+        "without it the report shows them where the cache holds that space",
+    )
+    bench.add_argument(
         "--sequence-parallel",
         action="store_true",
         help="with --paper --default-cap: also profile CFP's paper space with scattering "
@@ -592,6 +599,7 @@ def _bench(args: argparse.Namespace) -> int:
         ("--shard-parameters", args.shard_parameters),
         ("--whole-mesh", args.whole_mesh),
         ("--batch-outer", args.batch_outer),
+        ("--free-axes", args.free_axes),
         ("--default-cap", args.default_cap),
         ("--sequence-parallel", args.sequence_parallel),
     ):
@@ -626,6 +634,7 @@ def _bench(args: argparse.Namespace) -> int:
                 if args.default_cap and args.whole_mesh
                 else "kept",
                 "cfp_seq_default_cap": "compile" if args.sequence_parallel else "kept",
+                "cfp_free": "compile" if args.free_axes else "kept",
             },
             jobs=int(args.jobs),
             config_cap=cap,

@@ -451,6 +451,30 @@ def test_the_default_cap_space_is_searched_where_it_cuts_the_step_otherwise(
     assert "cfp" in plans and not plans & {"cfp_default_cap", "cfp_default_cap_gpu"}
 
 
+def test_the_free_axes_space_offers_the_batch_on_the_inner_axis_and_is_judged_alike(
+    tmp_path: Path,
+) -> None:
+    """`--free-axes` searches every axis-to-role assignment on a 2-D mesh beside the
+    paper's space: its own programs (more of them: the paper's rule pins the batch to the
+    outer axis), its own plan judged by its whole step, and a section of its own."""
+    case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=8, paper_batch=True, layers=1)
+    only_free = {space.row: "off" for space in WIDER_SPACES} | {"cfp_free": "compile"}
+    report = run_paper(
+        False, out=tmp_path, cache=SHARED_CACHE, cases=[case], log=print, wider=only_free
+    )
+    frame = pd.read_csv(tmp_path / "paper.csv")
+    paper, free = (frame[frame["plan"] == row].iloc[0] for row in ("cfp", "cfp_free"))
+    assert free["programs"] > paper["programs"] > 0
+    assert free["evaluated_s"] > 0 and math.isfinite(free["predicted_s"])
+    assert free["predicted_memory"] <= free["device_memory"]
+    text = report.read_text()
+    section = text.split("## CFP with free axes")[1]
+    assert "`analyze(..., free_axes=True)`" in section.split("\n\n")[1], section[:600]
+    best = best_of_spaces(frame).set_index("plan").loc["cfp_best"]
+    fastest = min((paper, free), key=lambda row: row["predicted_s"])
+    assert best["space"] == ("paper" if fastest is paper else "free-axes")
+
+
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(
     tmp_path: Path,
 ) -> None:
