@@ -352,7 +352,7 @@ def test_the_quick_paper_grid_judges_every_plan_on_the_whole_step(tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("refused_approximately", [0, 1])
+@pytest.mark.parametrize("refused_approximately", range(len(APPROXIMATE_RESOLUTIONS)))
 def test_a_wider_space_refused_exactly_is_solved_approximately_and_reported_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refused_approximately: int
 ) -> None:
