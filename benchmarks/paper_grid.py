@@ -197,9 +197,11 @@ WIDER_SPACES = (
         flag="--free-axes",
         title="CFP with free axes",
         about="on a 2-D mesh every block may take any assignment of its roles to the mesh's "
-        "axes: the batch on the inner axis as well as the outer one (where the paper's rule "
-        "pins it outer), each role over either axis or over both (the whole-mesh strategies "
-        "among them); on a 1-D mesh the space is the paper's",
+        "axes: M on the inner axis as well as the outer one (where the paper's rule pins it "
+        "outer; M is the batch where the batch divides into every device, else another dim "
+        "such as the sequence, so this space does not put a smaller batch on the inner "
+        "axis), each role over either axis or over both (the whole-mesh strategies among "
+        "them); on a 1-D mesh the space is the paper's",
         free_axes=True,
     ),
 )

@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--free-axes",
         action="store_true",
         help="with --paper: also profile CFP's space with every axis-to-role assignment on "
-        "2-D meshes, the batch on the inner axis among them (rows cfp_free, cfp_free_gpu); "
+        "2-D meshes, M on the inner axis among them (rows cfp_free, cfp_free_gpu); "
         "without it the report shows them where the cache holds that space",
     )
     bench.add_argument(

@@ -455,8 +455,9 @@ def test_the_free_axes_space_offers_the_batch_on_the_inner_axis_and_is_judged_al
     tmp_path: Path,
 ) -> None:
     """`--free-axes` searches every axis-to-role assignment on a 2-D mesh beside the
-    paper's space: its own programs (more of them: the paper's rule pins the batch to the
-    outer axis), its own plan judged by its whole step, and a section of its own."""
+    paper's space: its own programs (more of them: the paper's rule pins M, here the batch,
+    which divides into the 4 devices, to the outer axis), its own plan judged by its whole
+    step, and a section of its own."""
     case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=8, paper_batch=True, layers=1)
     only_free = {space.row: "off" for space in WIDER_SPACES} | {"cfp_free": "compile"}
     report = run_paper(
