@@ -38,6 +38,11 @@ ALPA_TIME_LIMIT = 600.0  # seconds, as Alpa's own auto-sharding solver
 # partial plans) when they ran out.
 APPROXIMATE_RESOLUTIONS = (64 * 2**20, 2**30, 4 * 2**30)
 
+# `WiderSpace`'s fields that are `analyze`'s switches of the same name, in the report's order
+ANALYZE_SWITCHES = (
+    "shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel", "free_axes"
+)  # fmt: skip
+
 
 @dataclass(frozen=True, slots=True)
 class WiderSpace:
@@ -78,10 +83,7 @@ class WiderSpace:
     @property
     def keyword(self) -> str:
         """The `analyze` keywords that build the space, as the report writes them."""
-        switches = (
-            "shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel", "free_axes"
-        )  # fmt: skip
-        given = [f"{switch}=True" for switch in switches if getattr(self, switch)]
+        given = [f"{switch}=True" for switch in ANALYZE_SWITCHES if getattr(self, switch)]
         cap = [f"config_cap={self.config_cap}"] if self.default_cap else []
         return ", ".join(given + cap)
 
@@ -101,14 +103,8 @@ class WiderSpace:
 
     @property
     def switches(self) -> tuple[bool, ...]:
-        """`analyze`'s switches that build the space, in `keyword`'s order."""
-        return (
-            self.shard_parameters,
-            self.whole_mesh,
-            self.batch_outer,
-            self.sequence_parallel,
-            self.free_axes,
-        )
+        """`analyze`'s switches that build the space, in `ANALYZE_SWITCHES`' order."""
+        return tuple(getattr(self, switch) for switch in ANALYZE_SWITCHES)
 
     @property
     def two_d_only(self) -> bool:
