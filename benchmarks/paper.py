@@ -323,6 +323,7 @@ def _with_wider_space(
                 shard_parameters=space.shard_parameters,
                 batch_outer=space.batch_outer,
                 sequence_parallel=space.sequence_parallel,
+                batch_inner=space.batch_inner,
             )
             run_cut = build_segments(traced, blocks, cap=run.segment_cap())
         if cuts_alike(build_segments(traced, blocks, cap=cap), run_cut):
@@ -347,6 +348,7 @@ def _with_wider_space(
             free_axes=space.free_axes,
             batch_outer=space.batch_outer,
             sequence_parallel=space.sequence_parallel,
+            batch_inner=space.batch_inner,
             memory_resolution=memory_resolution,
             traced=traced,
             config_cap=cap,

@@ -40,7 +40,8 @@ APPROXIMATE_RESOLUTIONS = (64 * 2**20, 2**30, 4 * 2**30)
 
 # `WiderSpace`'s fields that are `analyze`'s switches of the same name, in the report's order
 ANALYZE_SWITCHES = (
-    "shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel", "free_axes"
+    "shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel", "free_axes",
+    "batch_inner",
 )  # fmt: skip
 
 
@@ -59,6 +60,7 @@ class WiderSpace:
     batch_outer: bool = False
     sequence_parallel: bool = False
     free_axes: bool = False
+    batch_inner: bool = False
     # cut under `analyze`'s default cap instead of the run's
     default_cap: bool = False
 
@@ -109,7 +111,7 @@ class WiderSpace:
     @property
     def two_d_only(self) -> bool:
         """Whether on a 1-D mesh the space is the paper's (the case then has no rows)."""
-        return self.whole_mesh or self.batch_outer or self.free_axes
+        return self.whole_mesh or self.batch_outer or self.free_axes or self.batch_inner
 
 
 WIDER_SPACES = (
@@ -199,6 +201,20 @@ WIDER_SPACES = (
         "axis), each role over either axis or over both (the whole-mesh strategies among "
         "them); on a 1-D mesh the space is the paper's",
         free_axes=True,
+    ),
+    WiderSpace(
+        row="cfp_inner",
+        flag="--batch-inner",
+        title="CFP with the batch on the inner axis",
+        about="on a 2-D mesh the paper's rule with the axes swapped: every block's batch role "
+        "pinned to the inner axis (M over both axes, or M on the inner axis with any role on "
+        "the outer one), and where the batch does not split over every device but does over "
+        "the inner axis, the batch's own dim there (M' or E', primed for the inner axis's "
+        "size) with any role on the outer one: weights split across the outer axis (across "
+        "the nodes of a 2x8 or 4x4 mesh), the batch within each of its parts. It replaces "
+        "the paper's strategies rather than adding to them, so it is compared with the "
+        "paper's space over every space; on a 1-D mesh the space is the paper's",
+        batch_inner=True,
     ),
 )
 

@@ -1,8 +1,9 @@
 """The fastest plan over several spaces CFP searched for one step.
 
 A wider space (`whole_mesh`, `batch_outer`, `shard_parameters`) offers every block the
-paper's strategies and more, but it also cuts the step into its own segments, and each plan is
-priced, and applied, with its own space's cut. So a wider space's plans are not a superset of
+paper's strategies and more (the batch-inner space swaps the paper's axes instead), but it
+also cuts the step into its own segments, and each plan is priced, and applied, with its own
+space's cut. So a wider space's plans are not a superset of
 the paper's as they run: a whole-mesh plan that keeps every paper strategy may run slower than
 the paper's own plan, and the wider space's fastest plan may be slower than the paper's.
 Searching several spaces and keeping the plan predicted fastest is what a user comparing them

@@ -45,6 +45,7 @@ def checked_arguments(
     shard_parameters: Any = False,
     batch_outer: Any = False,
     sequence_parallel: Any = False,
+    batch_inner: Any = False,
 ) -> tuple[MeshSpec, Platform]:
     """`analyze`'s arguments checked where they enter, before the step is traced: the mesh
     and platform normalised, every other argument's type and range."""
@@ -96,12 +97,18 @@ def checked_arguments(
         "shard_parameters": shard_parameters,
         "batch_outer": batch_outer,
         "sequence_parallel": sequence_parallel,
+        "batch_inner": batch_inner,
     }
     for name, value in switches.items():
         if not isinstance(value, bool):
             raise InputError(
                 f"{name}: expected True or False, found {type(value).__name__} {value!r}"
             )
+    if batch_outer and batch_inner:
+        raise InputError(
+            "batch_outer, batch_inner: expected the batch pinned to one mesh axis (the outer "
+            "one, or the inner one), found both True; analyse each space on its own"
+        )
     if only is not None and not callable(only):
         raise InputError(
             f"only: expected None or a function (kind, label, configuration) -> bool, found "

@@ -31,6 +31,11 @@ BATCH_OUTER_HELP = (
     "2-D: where the batch splits over the outer axis but not over every device, also offer "
     "each block the batch's own dim on the outer axis (M', E') with any role on the inner one"
 )
+BATCH_INNER_HELP = (
+    "2-D: pin the batch to the inner axis instead of the outer one (the paper's rule with the "
+    "axes swapped; the batch's own dim primed there, M' or E', where it does not split over "
+    "every device): weights split across the outer axis, the batch within each of its parts"
+)
 SEQUENCE_PARALLEL_HELP = (
     "also offer each block splitting K (or N) its twin reduce-scattering the head's partial "
     "sums (the input gradient's) onto M (the sequence, or the batch where it splits) instead "
@@ -89,9 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--each-space",
         action="store_true",
         help="analyse the paper's space and each wider space asked for (--free-axes, "
-        "--whole-mesh, --shard-parameters, --batch-outer) one at a time, print each one's "
-        "plan and choose the one predicted fastest (a wider space cuts the step its own way, "
-        "so its plan can be slower than the paper's); with --gpu-memory, each space's "
+        "--whole-mesh, --shard-parameters, --batch-outer, --batch-inner) one at a time, print "
+        "each one's plan and choose the one predicted fastest (a wider space cuts the step its "
+        "own way, so its plan can be slower than the paper's); with --gpu-memory, each space's "
         "fastest plan that fits the GPU",
     )
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
@@ -180,6 +185,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cfp_outer_gpu); without it the report shows them where the cache holds that space",
     )
     bench.add_argument(
+        "--batch-inner",
+        action="store_true",
+        help="with --paper: also profile CFP's space with the batch pinned to the inner axis "
+        "of 2-D meshes, its own dim primed there where it does not split over every device "
+        "(rows cfp_inner, cfp_inner_gpu); without it the report shows them where the cache "
+        "holds that space",
+    )
+    bench.add_argument(
         "--free-axes",
         action="store_true",
         help="with --paper: also profile CFP's space with every axis-to-role assignment on "
@@ -261,6 +274,7 @@ def _add_space_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--whole-mesh", action="store_true", help=WHOLE_MESH_HELP)
     parser.add_argument("--shard-parameters", action="store_true", help=SHARD_PARAMETERS_HELP)
     parser.add_argument("--batch-outer", action="store_true", help=BATCH_OUTER_HELP)
+    parser.add_argument("--batch-inner", action="store_true", help=BATCH_INNER_HELP)
     parser.add_argument("--sequence-parallel", action="store_true", help=SEQUENCE_PARALLEL_HELP)
 
 
@@ -270,6 +284,7 @@ _WIDER_SWITCHES = (
     "shard_parameters",
     "batch_outer",
     "sequence_parallel",
+    "batch_inner",
 )
 
 
@@ -284,7 +299,7 @@ def _spaces_asked(args: argparse.Namespace) -> dict[str, dict[str, bool]]:
     if not wider:
         raise InputError(
             "--each-space: expected at least one wider space to compare with the paper's "
-            "(--free-axes, --whole-mesh, --shard-parameters, --batch-outer or "
+            "(--free-axes, --whole-mesh, --shard-parameters, --batch-outer, --batch-inner or "
             "--sequence-parallel), found none"
         )
     if args.no_profile:
@@ -397,6 +412,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
         "whole mesh": args.whole_mesh,
         "shard parameters": args.shard_parameters,
         "batch outer": args.batch_outer,
+        "batch inner": args.batch_inner,
         "sequence parallel": args.sequence_parallel,
         "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
         "only": list(only),
@@ -425,6 +441,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             shard_parameters=args.shard_parameters,
             batch_outer=args.batch_outer,
             sequence_parallel=args.sequence_parallel,
+            batch_inner=args.batch_inner,
             workers=args.workers or (1 if args.backend == "measured" else None),
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
         )
@@ -500,6 +517,7 @@ def _plan(args: argparse.Namespace) -> int:
                     shard_parameters=switches["shard_parameters"],
                     batch_outer=switches["batch_outer"],
                     sequence_parallel=switches["sequence_parallel"],
+                    batch_inner=switches["batch_inner"],
                     platform=platform,
                     backend=args.backend,
                     cache=None if args.no_cache else args.cache,
@@ -600,6 +618,7 @@ def _bench(args: argparse.Namespace) -> int:
         ("--whole-mesh", args.whole_mesh),
         ("--batch-outer", args.batch_outer),
         ("--free-axes", args.free_axes),
+        ("--batch-inner", args.batch_inner),
         ("--default-cap", args.default_cap),
         ("--sequence-parallel", args.sequence_parallel),
     ):
@@ -635,6 +654,7 @@ def _bench(args: argparse.Namespace) -> int:
                 else "kept",
                 "cfp_seq_default_cap": "compile" if args.sequence_parallel else "kept",
                 "cfp_free": "compile" if args.free_axes else "kept",
+                "cfp_inner": "compile" if args.batch_inner else "kept",
             },
             jobs=int(args.jobs),
             config_cap=cap,

@@ -46,6 +46,7 @@ def analyze(
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
     batch_outer: bool = ...,
+    batch_inner: bool = ...,
     sequence_parallel: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
@@ -71,6 +72,7 @@ def analyze(
     whole_mesh: bool = ...,
     shard_parameters: bool = ...,
     batch_outer: bool = ...,
+    batch_inner: bool = ...,
     sequence_parallel: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
@@ -96,6 +98,7 @@ def analyze(
     shard_parameters: bool = False,
     batch_outer: bool = False,
     sequence_parallel: bool = False,
+    batch_inner: bool = False,
     memory_resolution: BytesLike = 0,
     arg_roles: ArgRoles | None = None,
     config_cap: int = DEFAULT_CONFIG_CAP,
@@ -112,7 +115,10 @@ def analyze(
     also offers every block its 1-D strategies over the flattened mesh (tensor parallelism
     over all the devices, say), `free_axes` every axis-to-role assignment, `batch_outer`
     the batch's own dim on the outer axis where the batch does not split over the whole
-    mesh (M' and E', see `DimRole`), beside the paper's strategies.
+    mesh (M' and E', see `DimRole`), beside the paper's strategies; `batch_inner` pins the
+    batch to the inner axis instead of the outer one (the paper's rule with the axes
+    swapped, its own dim primed there where the batch does not split over every device):
+    weights split across the nodes, the batch within each.
     `shard_parameters` offers every block that splits its batch a twin keeping its
     parameters (and their optimizer state) sharded over the batch axes between steps, as
     ZeRO-3/FSDP does: the solver then trades their gathers for memory block by block.
@@ -154,6 +160,7 @@ def analyze(
         shard_parameters=shard_parameters,
         batch_outer=batch_outer,
         sequence_parallel=sequence_parallel,
+        batch_inner=batch_inner,
     )
     resolution = int(parse_bytes(memory_resolution, "memory_resolution"))
     if traced is None:
@@ -174,6 +181,7 @@ def analyze(
         shard_parameters=shard_parameters,
         batch_outer=batch_outer,
         sequence_parallel=sequence_parallel,
+        batch_inner=batch_inner,
     )
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
@@ -187,8 +195,9 @@ def analyze(
         whole_mesh=whole_mesh,
         shard_parameters=shard_parameters,
         config_cap=cut_cap(graph, blocks, cut, config_cap),
-        batch_outer=blocks.primed,
+        batch_outer=blocks.primed and not batch_inner,
         sequence_parallel=blocks.scattering,
+        batch_inner=batch_inner,  # on a 2-D mesh, a space of its own even unprimed
     )
     if not profile:
         return SegmentedStep(

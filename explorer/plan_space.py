@@ -36,6 +36,7 @@ def space_options(
     config_cap: int = UNRECORDED_CAP,
     batch_outer: bool = False,
     sequence_parallel: bool = False,
+    batch_inner: bool = False,
 ) -> SpaceOptions:
     """`analyze`'s options as the space they make: on a 1-D mesh the 2-D widenings change
     nothing, so they are dropped. `config_cap` is the cap naming the cut (`cut_cap`)."""
@@ -47,6 +48,7 @@ def space_options(
         config_cap=config_cap,
         batch_outer=batch_outer and two_d,
         sequence_parallel=sequence_parallel,
+        batch_inner=batch_inner and two_d,
     )
 
 
@@ -160,6 +162,7 @@ def space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
             shard_parameters=options.shard_parameters,
             batch_outer=options.batch_outer,
             sequence_parallel=options.sequence_parallel,
+            batch_inner=options.batch_inner,
         )
         return space, build_segments(graph, space, cap=options.config_cap)
     blocks = build_blocks(graph, mesh.size)

@@ -14,6 +14,11 @@ whole-mesh ones among them). `batch_outer=True` builds the blocks with primed ro
 the batch splits over the outer axis but not over the whole mesh (`DimRole`: M' on the
 batch of 4 where M, placed for 8 parts, takes the sequence), and pins M' (else E') to the
 outer axis beside the paper's strategies, each with every unprimed role on the inner axis.
+`batch_inner=True` is the paper's rule with the axes swapped: the batch pinned to the inner
+axis (M over both, or M on the inner axis with any role on the outer one), its blocks primed
+for the inner axis's size and M' (else E') pinned there, so a step whose batch does not
+split over every device can still split it inside each node and its weights across the
+nodes (Megatron across, data parallel within: the layout the ILP's winning plans share).
 With `stored_parameters` a block owning
 parameters also gets ZeRO-3 twins: each batch-splitting strategy once more, its parameters
 kept sharded over the batch axes between steps (`Strategy.stored`). With
@@ -73,9 +78,11 @@ def build_space(
     whole_mesh: bool = False,
     stored_parameters: frozenset[int] = frozenset(),
     sequence_parallel: bool = False,
+    batch_inner: bool = False,
 ) -> BlockAnalysis:
     """The same blocks, each with its strategies (and excluded strategies) on `mesh`
-    (`free_axes`, `whole_mesh`: the 2-D spaces the module docstring describes).
+    (`free_axes`, `whole_mesh`, `batch_inner`: the 2-D spaces the module docstring
+    describes; `batch_inner` wants blocks primed for the inner axis, `step_blocks`).
 
     `sequence_parallel` adds, after every plain strategy, each one splitting K (or N) again
     with its partial sums (its input gradient's) reduce-scattered onto M
@@ -86,8 +93,11 @@ def build_space(
     batch, the same strategy keeping those parameters sharded over the batch axes
     (`Strategy.stored`), listed after every plain strategy."""
     blocks = []
+    batch_axis = len(mesh.axes) - 1 if batch_inner else 0
     for block in analysis.blocks:
-        kept, excluded = block_strategies(block, mesh, free_axes=free_axes, whole_mesh=whole_mesh)
+        kept, excluded = block_strategies(
+            block, mesh, free_axes=free_axes, whole_mesh=whole_mesh, batch_axis=batch_axis
+        )
         if sequence_parallel:
             kept = kept + scattered_twins(block, kept, mesh)
         if any(layout.value in stored_parameters for layout in block.layouts):
@@ -105,29 +115,42 @@ def step_space(
     shard_parameters: bool = False,
     batch_outer: bool = False,
     sequence_parallel: bool = False,
+    batch_inner: bool = False,
 ) -> BlockAnalysis:
     """The step's ParallelBlocks with their strategies on `mesh`: the space `analyze` and
     the cluster's profiler search (`shard_parameters`: with ZeRO twins;
     `sequence_parallel`: with scattering twins)."""
     stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
     return build_space(
-        step_blocks(graph, mesh, batch_outer=batch_outer),
+        step_blocks(graph, mesh, batch_outer=batch_outer, batch_inner=batch_inner),
         mesh,
         free_axes=free_axes,
         whole_mesh=whole_mesh,
         stored_parameters=stored,
         sequence_parallel=sequence_parallel,
+        batch_inner=batch_inner,
     )
 
 
-def step_blocks(graph: Graph, mesh: MeshSpec, *, batch_outer: bool = False) -> BlockAnalysis:
-    """The step's ParallelBlocks on `mesh`, with primed roles for its outer axis if
-    `batch_outer` (and the mesh has one: a 1-D mesh's blocks are the paper's)."""
-    outer = mesh.shape[0] if batch_outer and 1 < mesh.shape[0] < mesh.size else None
+def step_blocks(
+    graph: Graph, mesh: MeshSpec, *, batch_outer: bool = False, batch_inner: bool = False
+) -> BlockAnalysis:
+    """The step's ParallelBlocks on `mesh`, with primed roles for the axis the batch is
+    pinned to if `batch_outer` (the outer axis) or `batch_inner` (the inner one), where the
+    mesh has one: a 1-D mesh's blocks are the paper's."""
+    if batch_outer and batch_inner:
+        raise AnalysisError(
+            "expected the batch pinned to one mesh axis, batch_outer or batch_inner, found "
+            "both asked for"
+        )
+    axis = 0 if batch_outer else len(mesh.shape) - 1 if batch_inner else None
+    size = None if axis is None else mesh.shape[axis]
+    primed = size if size is not None and 1 < size < mesh.size else None
     # once per graph and split: every space and mesh of that many devices shares the blocks
+    # (primed for 4 parts, the blocks of 4x4's outer and inner axes are the same)
     return graph.derived(
-        f"blocks for {mesh.size} parts, outer {outer}",
-        lambda graph: build_blocks(graph, mesh.size, outer),
+        f"blocks for {mesh.size} parts, outer {primed}",
+        lambda graph: build_blocks(graph, mesh.size, primed),
     )
 
 
@@ -187,12 +210,24 @@ def _batch_axes(strategy: Strategy) -> tuple[str, ...]:
 
 
 def block_strategies(
-    block: ParallelBlock, mesh: MeshSpec, *, free_axes: bool = False, whole_mesh: bool = False
+    block: ParallelBlock,
+    mesh: MeshSpec,
+    *,
+    free_axes: bool = False,
+    whole_mesh: bool = False,
+    batch_axis: int = 0,
 ) -> tuple[tuple[Strategy, ...], tuple[ExcludedStrategy, ...]]:
+    """`block`'s strategies on `mesh` and those excluded, with why; `batch_axis` is the
+    index of the mesh axis the batch is pinned to (and a primed role lives on): the outer
+    one by the paper's rule, the inner one in the batch-inner space."""
     sizes = dict(block.role_sizes)
-    candidates = _candidates(block.roles, mesh, free_axes=free_axes, whole_mesh=whole_mesh)
+    candidates = _candidates(
+        block.roles, mesh, free_axes=free_axes, whole_mesh=whole_mesh, batch_axis=batch_axis
+    )
     if len(mesh.axes) > 1 and not free_axes and DimRole.M not in sizes:
-        candidates = _candidates(block.roles, mesh, free_axes=True, whole_mesh=False)
+        candidates = _candidates(
+            block.roles, mesh, free_axes=True, whole_mesh=False, batch_axis=batch_axis
+        )
     kept: list[Strategy] = []
     excluded: list[ExcludedStrategy] = []
     for strategy in candidates:
@@ -214,39 +249,54 @@ def block_strategies(
 
 
 def _candidates(
-    roles: tuple[DimRole, ...], mesh: MeshSpec, *, free_axes: bool, whole_mesh: bool
+    roles: tuple[DimRole, ...],
+    mesh: MeshSpec,
+    *,
+    free_axes: bool,
+    whole_mesh: bool,
+    batch_axis: int = 0,
 ) -> list[Strategy]:
+    """The strategies to try, in order, with the batch pinned to axis `batch_axis` of a
+    2-D mesh (where a primed role lives too: its blocks were primed for that axis's size)."""
     names = mesh.names
-    plain = [role for role in roles if not role.outer_only]  # a primed one: the outer axis's
+    plain = [role for role in roles if not role.outer_only]  # a primed one: the batch axis's
     if len(names) == 1:
         return [Strategy(((role, names),)) for role in plain]
+    pinned = names[batch_axis]
+    others = tuple(name for name in names if name != pinned)
     if not free_axes:
-        outer, inner = names[0], names[1:]
         out = []
         for role in plain:
             if role is DimRole.M:
                 out.append(Strategy(((DimRole.M, names),)))
             else:
-                out.append(Strategy(((DimRole.M, (outer,)), (role, inner))))
+                out.append(_by_axis({DimRole.M: (pinned,), role: others}, names))
             if role is DimRole.E:  # experts over the whole mesh, as the batch can be
                 out.append(Strategy(((DimRole.E, names),)))
         # after the paper's strategies (their indices stay the same): the batch's own dim
-        # on the outer axis, where M or E took another one to split over the whole mesh
+        # on the pinned axis, where M or E took another one to split over the whole mesh
         batch = next((r for r in (DimRole.M_OUTER, DimRole.E_OUTER) if r in roles), None)
         if batch is not None:
-            out += [Strategy(((batch, (outer,)), (role, inner))) for role in plain]
+            out += [_by_axis({batch: (pinned,), role: others}, names) for role in plain]
         if whole_mesh:
             whole = (Strategy(((role, names),)) for role in plain)
             out += [strategy for strategy in whole if strategy not in out]
         return out
     out = []
-    per_axis = [roles] + [plain] * (len(names) - 1)  # a primed role on the outer axis alone
+    # a primed role on the batch's axis alone
+    per_axis = [roles if name == pinned else plain for name in names]
     for choice in itertools.product(*per_axis):
         grouped: dict[DimRole, tuple[str, ...]] = {}
         for axis, role in zip(names, choice, strict=True):
             grouped[role] = (*grouped.get(role, ()), axis)
-        out.append(Strategy(tuple(sorted(grouped.items(), key=lambda kv: names.index(kv[1][0])))))
+        out.append(_by_axis(grouped, names))
     return out
+
+
+def _by_axis(grouped: Mapping[DimRole, tuple[str, ...]], names: tuple[str, ...]) -> Strategy:
+    """The strategy assigning each role its axes, its roles in the order of their first
+    axis on the mesh (how a strategy is named and compared)."""
+    return Strategy(tuple(sorted(grouped.items(), key=lambda kv: names.index(kv[1][0]))))
 
 
 def _why_not(strategy: Strategy, sizes: dict[DimRole, int], mesh: MeshSpec) -> str | None:

@@ -14,9 +14,10 @@ from helpers import analysed, layer_of, mlp_step
 
 import explorer as ex
 from explorer.blocks import build_blocks
+from explorer.errors import AnalysisError
 from explorer.ir import DimRole, Role
 from explorer.mesh import mesh_spec
-from explorer.space import build_space, config_count
+from explorer.space import build_space, config_count, step_space
 
 
 @pytest.mark.parametrize("name", ["gpt", "bert", "llama"])
@@ -327,6 +328,53 @@ def test_the_batch_outer_space_adds_the_batch_on_the_outer_axis_after_the_paper_
     free = build_space(build_blocks(graph, 8, outer=2), spec, free_axes=True)
     primed = [s for b in free.blocks for s in b.strategies if s.axes_of(DimRole.M_OUTER)]
     assert primed and all(s.axes_of(DimRole.M_OUTER) == ("x",) for s in primed)
+
+
+def _swapped(strategy: Any) -> frozenset[tuple[DimRole, tuple[str, ...]]]:
+    """`strategy`'s assignment with the two axes of a 2-D mesh swapped."""
+    swap = {"x": "y", "y": "x"}
+    return frozenset(
+        (role, tuple(sorted(swap[a] for a in axes))) for role, axes in strategy.assignment
+    )
+
+
+def test_the_batch_inner_space_is_the_batch_outer_space_with_the_axes_swapped() -> None:
+    # on a square mesh both spaces prime the same blocks (4 parts either way), and each
+    # block's batch-inner strategies are its batch-outer ones with x and y swapped
+    graph = _batched_graph()
+    spec = mesh_spec((2, 2))
+    outer = step_space(graph, spec, batch_outer=True)
+    inner = step_space(graph, spec, batch_inner=True)
+    assert outer.primed and inner.primed
+    for by_outer, by_inner in zip(outer.blocks, inner.blocks, strict=True):
+        assert by_outer.ops == by_inner.ops and by_outer.layouts == by_inner.layouts
+        swapped = {_swapped(s) for s in by_outer.strategies}
+        assert swapped == {frozenset(s.assignment) for s in by_inner.strategies}
+        assert len(by_inner.strategies) == len(by_outer.strategies)
+    # the paper's strategies with the axes swapped: no strategy pins the batch to x
+    names = [s.name for s in inner.blocks[0].strategies]
+    assert names[:3] == ["M@x+y", "N@x,M@y", "K@x,M@y"]
+    assert names[3:] == ["M@x,M'@y", "N@x,M'@y", "K@x,M'@y"]
+
+
+def test_the_batch_inner_space_primes_for_the_inner_axis_alone() -> None:
+    # a batch of 4 on 2x4: it splits over y (4) but not over all 8 devices. The batch-inner
+    # space primes it for y, and the batch-outer space for x (2 parts); each pins its
+    # primed role to its own axis, the free-axes enumeration too
+    graph = _batched_graph(batch=4)
+    spec = mesh_spec((2, 4))
+    inner = step_space(graph, spec, batch_inner=True)
+    outer = step_space(graph, spec, batch_outer=True)
+    assert inner.outer_parts == 4 and outer.outer_parts == 2
+    for block in inner.blocks:
+        assert dict(block.role_sizes)[DimRole.M_OUTER] == 4
+        primed = [s for s in block.strategies if s.axes_of(DimRole.M_OUTER)]
+        assert [s.name for s in primed] == ["M@x,M'@y", "N@x,M'@y", "K@x,M'@y"]
+    free = step_space(graph, spec, batch_inner=True, free_axes=True)
+    primed = [s for b in free.blocks for s in b.strategies if s.axes_of(DimRole.M_OUTER)]
+    assert primed and all(s.axes_of(DimRole.M_OUTER) == ("y",) for s in primed)
+    with pytest.raises(AnalysisError, match="found both"):
+        step_space(graph, spec, batch_outer=True, batch_inner=True)
 
 
 def test_a_primed_role_an_op_cannot_carry_is_dropped_and_the_block_goes_on() -> None:

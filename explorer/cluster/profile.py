@@ -217,6 +217,7 @@ def profile_on_cluster(
     shard_parameters: bool = False,
     batch_outer: bool = False,
     sequence_parallel: bool = False,
+    batch_inner: bool = False,
     config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = 1,
     progress: bool = True,
@@ -230,7 +231,7 @@ def profile_on_cluster(
     software; the request is the caller's to check, as the command line does). Process 0
     writes the rows to `cache`; `only` restricts the run to some segment types, boundaries
     or configurations (see `selection`); `free_axes`, `whole_mesh`, `shard_parameters`,
-    `batch_outer` and `sequence_parallel` build the space as `analyze` does.
+    `batch_outer`, `batch_inner` and `sequence_parallel` build the space as `analyze` does.
     `on_program(record)` is called after each program (measured: once every process has
     finished it), a progress beat. `workers` is the compiling threads of each process
     (compiled on one CPU process: worker processes).
@@ -275,6 +276,7 @@ def profile_on_cluster(
         shard_parameters=shard_parameters,
         batch_outer=batch_outer,
         sequence_parallel=sequence_parallel,
+        batch_inner=batch_inner,
     )
     segmentation = build_segments(graph, analysis, cap=config_cap)
     keep = selection(only, analysis, segmentation)

@@ -191,7 +191,9 @@ class BlockAnalysis:
     conflicts: tuple[Conflict, ...]
     unknown_primitives: tuple[str, ...]  # primitives the affine analysis does not know
     parallelism: int
-    outer_parts: int | None = None  # the outer axis size E' and M' were placed for, if any
+    # the size of the axis E' and M' were placed for, if any: the outer one's, or the inner
+    # one's in the batch-inner space (`space.step_blocks`)
+    outer_parts: int | None = None
 
     def __post_init__(self) -> None:
         seen: set[int] = set()
@@ -212,7 +214,7 @@ class BlockAnalysis:
         return any(s.scattered for block in self.blocks for s in block.strategies)
 
     def summary(self, graph: Graph) -> str:
-        outer = f", E'/M' for an outer axis of {self.outer_parts}" if self.outer_parts else ""
+        outer = f", E'/M' for a batch axis of {self.outer_parts}" if self.outer_parts else ""
         lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism}{outer})"]
         for block in self.blocks:
             head = graph.ops[block.head]
