@@ -451,6 +451,23 @@ def test_the_default_cap_space_is_searched_where_it_cuts_the_step_otherwise(
     assert "cfp" in plans and not plans & {"cfp_default_cap", "cfp_default_cap_gpu"}
 
 
+def _tiny_gpt_with_one_wider_space(
+    tmp_path: Path, row: str, batch: int
+) -> tuple[pd.DataFrame, pd.Series, pd.Series, str]:
+    """Tiny GPT (one layer) on 2x2 at `batch`, the paper's space and the wider space of
+    `row` alone: the run's rows, the paper's CFP row and the wider one's, and that space's
+    report section."""
+    case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=batch, paper_batch=True, layers=1)
+    only = {space.row: "off" for space in WIDER_SPACES} | {row: "compile"}
+    report = run_paper(False, out=tmp_path, cache=SHARED_CACHE, cases=[case], log=print, wider=only)
+    frame = pd.read_csv(tmp_path / "paper.csv")
+    paper, wider = (frame[frame["plan"] == name].iloc[0] for name in ("cfp", row))
+    assert wider["evaluated_s"] > 0 and math.isfinite(wider["predicted_s"])
+    assert wider["predicted_memory"] <= wider["device_memory"]
+    title = next(space.title for space in WIDER_SPACES if space.row == row)
+    return frame, paper, wider, report.read_text().split(f"## {title}")[1]
+
+
 def test_the_free_axes_space_offers_the_batch_on_the_inner_axis_and_is_judged_alike(
     tmp_path: Path,
 ) -> None:
@@ -458,22 +475,27 @@ def test_the_free_axes_space_offers_the_batch_on_the_inner_axis_and_is_judged_al
     paper's space: its own programs (more of them: the paper's rule pins M, here the batch,
     which divides into the 4 devices, to the outer axis), its own plan judged by its whole
     step, and a section of its own."""
-    case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=8, paper_batch=True, layers=1)
-    only_free = {space.row: "off" for space in WIDER_SPACES} | {"cfp_free": "compile"}
-    report = run_paper(
-        False, out=tmp_path, cache=SHARED_CACHE, cases=[case], log=print, wider=only_free
-    )
-    frame = pd.read_csv(tmp_path / "paper.csv")
-    paper, free = (frame[frame["plan"] == row].iloc[0] for row in ("cfp", "cfp_free"))
+    frame, paper, free, section = _tiny_gpt_with_one_wider_space(tmp_path, "cfp_free", 8)
     assert free["programs"] > paper["programs"] > 0
-    assert free["evaluated_s"] > 0 and math.isfinite(free["predicted_s"])
-    assert free["predicted_memory"] <= free["device_memory"]
-    text = report.read_text()
-    section = text.split("## CFP with free axes")[1]
     assert "`analyze(..., free_axes=True)`" in section.split("\n\n")[1], section[:600]
     best = best_of_spaces(frame).set_index("plan").loc["cfp_best"]
     fastest = min((paper, free), key=lambda row: row["predicted_s"])
     assert best["space"] == ("paper" if fastest is paper else "free-axes")
+
+
+def test_the_batch_inner_space_is_profiled_and_judged_beside_the_paper_s(tmp_path: Path) -> None:
+    """`--batch-inner` at batch 2 on 2x2, where the batch does not split over the 4
+    devices: the space primes it for the inner axis and pins it there. It is the paper's
+    rule with the axes swapped, so it profiles programs of its own (as many types as the
+    paper's space, other layouts), its plan is judged by its own whole step, and the
+    fastest over every space is the faster prediction of the two."""
+    frame, paper, inner, section = _tiny_gpt_with_one_wider_space(tmp_path, "cfp_inner", 2)
+    assert inner["programs"] > 0 and paper["programs"] > 0
+    assert "`analyze(..., batch_inner=True)`" in section.split("\n\n")[1], section[:600]
+    best = best_of_spaces(frame).set_index("plan").loc["cfp_best"]
+    fastest = min((paper, inner), key=lambda row: row["predicted_s"])
+    assert best["predicted_s"] == fastest["predicted_s"]
+    assert best["space"] == ("paper" if fastest is paper else "batch-inner")
 
 
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(

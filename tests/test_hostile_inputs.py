@@ -264,6 +264,14 @@ ROWS: tuple[Row, ...] = (
     Row("free_axes=1", lambda w: w.analyze(free_axes=1), InputError, "free_axes", True),
     Row("whole_mesh=None", lambda w: w.analyze(whole_mesh=None), InputError, "whole_mesh", True),
     Row("batch_outer='x'", lambda w: w.analyze(batch_outer="x"), InputError, "batch_outer", True),
+    Row("batch_inner='x'", lambda w: w.analyze(batch_inner="x"), InputError, "batch_inner", True),
+    Row(
+        "batch_outer and batch_inner",
+        lambda w: w.analyze(batch_outer=True, batch_inner=True),
+        InputError,
+        "pinned to one mesh axis",
+        True,
+    ),
     Row(
         "memory_resolution='fine'",
         lambda w: w.analyze(memory_resolution="fine"),

@@ -201,6 +201,48 @@ def test_a_plan_of_the_freed_2d_space_applies_and_matches_the_unsharded_step() -
 
 
 @pytest.mark.slow
+def test_a_batch_inner_plan_with_primed_roles_saves_applies_and_matches_the_unsharded_step(
+    tmp_path: Path,
+) -> None:
+    """Tiny GPT at batch 2 on 2x2: the batch does not split over 4 devices, so the
+    batch-inner space primes it for the inner axis (M'@y, E'@y in the attention cores).
+    The plan pinning each block to its first primed strategy records its space, survives
+    its JSON, and applies with the same numbers as the unsharded step."""
+    config = ex.models.GPTConfig.tiny().replace(num_layers=2, batch=2)
+    step, args = ex.models.gpt(config)
+    plain = jax.jit(step)
+    _, params, opt_state = plain(*args)
+    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
+    layout = ex.analyze(step, *warm, mesh=(2, 2), batch_inner=True, profile=False)
+    pins = {}
+    for block in layout.blocks:
+        primed = [s.name for s in block.strategies if "'@y" in s.name]
+        pins[block.index] = primed[0] if primed else block.strategies[0].name
+    assert sum("'@y" in name for name in pins.values()) >= len(pins) // 2, pins
+    wanted = {
+        ",".join(pins[b] for b in instance.blocks) or "-" for instance in layout.segments.instances
+    }
+    analysis = ex.analyze(
+        step,
+        *warm,
+        mesh=(2, 2),
+        batch_inner=True,
+        cache=SHARED_CACHE,
+        progress=False,
+        only=lambda kind, label, config: kind == "reshard" or config in wanted,
+    )
+    plan = analysis.plan(pins=pins)
+    assert list(plan.strategies) == [pins[b] for b in range(len(pins))]
+    assert plan_to_json(plan)["space"] == {"batch_inner": True}
+    path = tmp_path / "inner.json"
+    plan.save(path)
+    loaded = ex.load_plan(path)
+    assert loaded == plan
+    expected = plain(*warm)
+    assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*warm), RTOL, ATOL)
+
+
+@pytest.mark.slow
 def test_a_plan_with_zero_twins_saves_applies_and_matches_the_unsharded_step(
     tmp_path: Path,
 ) -> None:

@@ -147,18 +147,54 @@ def test_a_batch_outer_plan_records_its_space_and_applies_with_its_primed_roles(
         next(s.name for s in block.strategies if s.name.startswith(("M'@x", "E'@x")))
         for block in outer.blocks
     ]
-    plan = _plan(outer, names)
-    assert plan.space == SpaceOptions(batch_outer=True)
-    assert plan_to_json(plan)["space"] == {"batch_outer": True}
-    assert plan_from_json(json.loads(plan.to_json())) == plan
-    space, segments = space_of(plan, outer.graph)
-    assert [[s.name for s in b.strategies] for b in space.blocks] == [
-        [s.name for s in b.strategies] for b in outer.blocks
-    ]
-    assert segments.boundaries == outer.segments.boundaries
+    assert outer.space == SpaceOptions(batch_outer=True)
+    _assert_recorded_and_rebuilt(_plan(outer, names), outer, {"batch_outer": True})
     step, args = ex.models.gpt(config.replace(batch=4))
     unprimed = ex.analyze(step, *args, mesh=(2, 2), profile=False, cache=None, batch_outer=True)
     assert unprimed.space == PAPER_SPACE
+
+
+def test_a_batch_inner_plan_records_its_space_primed_or_not(gpt: Any) -> None:
+    """The batch-inner space swaps the paper's axes, so on 2x2 it is a space of its own at
+    any batch: at batch 4 nothing is primed and its plans still record it (their names,
+    "N@x,M@y", are the freed space's too, which cuts the step otherwise), even a plan of
+    names the paper's space offers (its segments are its own space's cut). At batch 2 its
+    primed plans name M'@y and E'@y; `space_of` rebuilds the strategies and segments of
+    each."""
+    step, args, paper = gpt
+    inner = ex.analyze(
+        step, *args, mesh=(2, 2), profile=False, cache=None, batch_inner=True, traced=paper.graph
+    )
+    assert inner.space == SpaceOptions(batch_inner=True) and not inner.block_analysis.primed
+    swapped = _plan(inner, [block.strategies[1].name for block in inner.blocks])
+    assert all(name.endswith("M@y") for name in swapped.strategies), swapped.strategies
+    _assert_recorded_and_rebuilt(swapped, inner, {"batch_inner": True})
+    _assert_recorded_and_rebuilt(
+        _plan(inner, ["M@x+y"] * len(inner.blocks)), inner, {"batch_inner": True}
+    )
+    config = ex.models.GPTConfig.tiny().replace(num_layers=2, batch=2)
+    step, args = ex.models.gpt(config)
+    primed = ex.analyze(step, *args, mesh=(2, 2), profile=False, cache=None, batch_inner=True)
+    names = [
+        next(s.name for s in block.strategies if s.name.endswith(("M'@y", "E'@y")))
+        for block in primed.blocks
+    ]
+    _assert_recorded_and_rebuilt(_plan(primed, names), primed, {"batch_inner": True})
+    with pytest.raises(InputError, match="batch_outer, batch_inner"):
+        ex.analyze(step, *args, mesh=(2, 2), profile=False, batch_outer=True, batch_inner=True)
+
+
+def _assert_recorded_and_rebuilt(plan: Any, analysis: Any, recorded: dict[str, bool]) -> None:
+    """`plan` records its space as `recorded`, survives its JSON, and `space_of` rebuilds
+    `analysis`' strategies and segments from it."""
+    assert plan.space == analysis.space
+    assert plan_to_json(plan)["space"] == recorded
+    assert plan_from_json(json.loads(plan.to_json())) == plan
+    space, segments = space_of(plan, analysis.graph)
+    assert [[s.name for s in b.strategies] for b in space.blocks] == [
+        [s.name for s in b.strategies] for b in analysis.blocks
+    ]
+    assert segments.boundaries == analysis.segments.boundaries
 
 
 def test_a_scattering_plan_records_its_space_and_applies_with_its_twins(gpt: Any) -> None:
