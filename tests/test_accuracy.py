@@ -46,23 +46,46 @@ TIME_MEDIAN, TIME_WORST, MEMORY_MEDIAN, RANK = 0.03, 0.10, 0.05, 0.95
 
 
 @cache
-def _checked(name: str, mesh: tuple[int, ...]) -> tuple[Any, Any, tuple[Any, ...], AccuracyReport]:
-    """The analysis of a case and its accuracy report (shared by the tests of this module)."""
+def _checked(
+    name: str, mesh: tuple[int, ...], batch_inner: bool = False
+) -> tuple[Any, Any, tuple[Any, ...], AccuracyReport]:
+    """The analysis of a case (in the batch-inner space if `batch_inner`) and its accuracy
+    report (shared by the tests of this module)."""
     model = ex.models.build(name, "tiny", layers=2)
     step, args = model.step, model.args
     analysis = ex.analyze(
-        step, *args, mesh=mesh, platform="a100-pcie-8", cache=SHARED_CACHE, progress=False
+        step,
+        *args,
+        mesh=mesh,
+        platform="a100-pcie-8",
+        cache=SHARED_CACHE,
+        progress=False,
+        batch_inner=batch_inner,
     )
     return analysis, step, tuple(args), check_accuracy(analysis, step, tuple(args), count=PLANS)
 
 
+# GPT 2x2 once more in the batch-inner space (the paper's rule with the axes swapped; tiny
+# GPT's batch splits over the 4 devices, so nothing is primed): its plans put the batch on
+# y and the weights on x, and are judged on their own whole steps as the paper space's are.
+# Measured when it was added: time median 1.9 %, worst 8.1 % (a frontier plan predicted
+# low), memory median 2.3 %, worst 3.8 %, rank correlation 0.994.
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "mesh"), [("gpt", (4,)), ("gpt", (2, 2)), ("llama", (4,)), ("bert", (4,))]
+    ("name", "mesh", "batch_inner"),
+    [
+        ("gpt", (4,), False),
+        ("gpt", (2, 2), False),
+        ("llama", (4,), False),
+        ("bert", (4,), False),
+        ("gpt", (2, 2), True),
+    ],
 )
-def test_composed_prediction_matches_the_whole_step(name: str, mesh: tuple[int, ...]) -> None:
-    _, _, _, report = _checked(name, mesh)
-    print(f"{name} {mesh}: {report.summary()}")
+def test_composed_prediction_matches_the_whole_step(
+    name: str, mesh: tuple[int, ...], batch_inner: bool
+) -> None:
+    _, _, _, report = _checked(name, mesh, batch_inner)
+    print(f"{name} {mesh}{' batch-inner' if batch_inner else ''}: {report.summary()}")
     for check in report.checks:
         print(
             f"  {check.kind:8s} {','.join(check.strategies)}: time {check.time_error:+.2%}, "
