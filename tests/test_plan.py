@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -165,23 +166,31 @@ def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]
         assert_trees_close(expected, ex.apply_plan(plan, step, donate=False)(*warm), RTOL, ATOL)
 
 
-@pytest.mark.slow
-def test_a_plan_of_the_freed_2d_space_applies_and_matches_the_unsharded_step() -> None:
-    """A plan made with `free_axes=True` may put the batch on the inner axis, which the
-    default space does not offer: applying it builds the space that has its strategies
-    (profiling restricted to the pinned configurations and the boundaries)."""
-    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+def _second_step_of(config: Any) -> tuple[Any, tuple[Any, ...], Any]:
+    """Tiny GPT of `config`: its step, the arguments of its second step and the unsharded
+    step's results on them."""
+    step, args = ex.models.gpt(config)
     plain = jax.jit(step)
     _, params, opt_state = plain(*args)
     warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
-    default = ex.analyze(step, *warm, mesh=(2, 2), profile=False)
-    offered = {s.name for block in default.blocks for s in block.strategies}
-    layout = ex.analyze(step, *warm, mesh=(2, 2), free_axes=True, profile=False)
-    pins = {}
-    for block in layout.blocks:  # where the freed space has a strategy of its own, take it
-        own = [s.name for s in block.strategies if s.name not in offered]
-        pins[block.index] = own[0] if own else block.strategies[0].name
-    assert any(name not in offered for name in pins.values())
+    return step, warm, plain(*warm)
+
+
+def _pinned_plan(
+    step: Any,
+    warm: tuple[Any, ...],
+    pick: Callable[[Any], str | None],
+    *,
+    free_axes: bool = False,
+    batch_inner: bool = False,
+) -> Any:
+    """The 2x2 plan of the space the switches build that pins each block to `pick(block)`
+    (its first strategy where that is None), profiled only for the pinned configurations
+    and the boundaries."""
+    layout = ex.analyze(
+        step, *warm, mesh=(2, 2), free_axes=free_axes, batch_inner=batch_inner, profile=False
+    )
+    pins = {block.index: pick(block) or block.strategies[0].name for block in layout.blocks}
     wanted = {
         ",".join(pins[b] for b in instance.blocks) or "-" for instance in layout.segments.instances
     }
@@ -189,14 +198,31 @@ def test_a_plan_of_the_freed_2d_space_applies_and_matches_the_unsharded_step() -
         step,
         *warm,
         mesh=(2, 2),
-        free_axes=True,
+        free_axes=free_axes,
+        batch_inner=batch_inner,
         cache=SHARED_CACHE,
         progress=False,
         only=lambda kind, label, config: kind == "reshard" or config in wanted,
     )
     plan = analysis.plan(pins=pins)
     assert list(plan.strategies) == [pins[b] for b in range(len(pins))]
-    expected = plain(*warm)
+    return plan
+
+
+@pytest.mark.slow
+def test_a_plan_of_the_freed_2d_space_applies_and_matches_the_unsharded_step() -> None:
+    """A plan made with `free_axes=True` may put the batch on the inner axis, which the
+    default space does not offer: applying it builds the space that has its strategies
+    (profiling restricted to the pinned configurations and the boundaries)."""
+    step, warm, expected = _second_step_of(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    default = ex.analyze(step, *warm, mesh=(2, 2), profile=False)
+    offered = {s.name for block in default.blocks for s in block.strategies}
+
+    def own(block: Any) -> str | None:  # where the freed space has a strategy of its own
+        return next((s.name for s in block.strategies if s.name not in offered), None)
+
+    plan = _pinned_plan(step, warm, own, free_axes=True)
+    assert any(name not in offered for name in plan.strategies)
     assert_trees_close(expected, ex.apply_plan(plan, step, donate=False)(*warm), RTOL, ATOL)
 
 
@@ -209,36 +235,16 @@ def test_a_batch_inner_plan_with_primed_roles_saves_applies_and_matches_the_unsh
     The plan pinning each block to its first primed strategy records its space, survives
     its JSON, and applies with the same numbers as the unsharded step."""
     config = ex.models.GPTConfig.tiny().replace(num_layers=2, batch=2)
-    step, args = ex.models.gpt(config)
-    plain = jax.jit(step)
-    _, params, opt_state = plain(*args)
-    warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
-    layout = ex.analyze(step, *warm, mesh=(2, 2), batch_inner=True, profile=False)
-    pins = {}
-    for block in layout.blocks:
-        primed = [s.name for s in block.strategies if "'@y" in s.name]
-        pins[block.index] = primed[0] if primed else block.strategies[0].name
-    assert sum("'@y" in name for name in pins.values()) >= len(pins) // 2, pins
-    wanted = {
-        ",".join(pins[b] for b in instance.blocks) or "-" for instance in layout.segments.instances
-    }
-    analysis = ex.analyze(
-        step,
-        *warm,
-        mesh=(2, 2),
-        batch_inner=True,
-        cache=SHARED_CACHE,
-        progress=False,
-        only=lambda kind, label, config: kind == "reshard" or config in wanted,
-    )
-    plan = analysis.plan(pins=pins)
-    assert list(plan.strategies) == [pins[b] for b in range(len(pins))]
+    step, warm, expected = _second_step_of(config)
+
+    def primed(block: Any) -> str | None:
+        return next((s.name for s in block.strategies if "'@y" in s.name), None)
+
+    plan = _pinned_plan(step, warm, primed, batch_inner=True)
+    assert sum("'@y" in name for name in plan.strategies) >= len(plan.strategies) // 2
     assert plan_to_json(plan)["space"] == {"batch_inner": True}
-    path = tmp_path / "inner.json"
-    plan.save(path)
-    loaded = ex.load_plan(path)
+    loaded = ex.load_plan(plan.save(tmp_path / "inner.json"))
     assert loaded == plan
-    expected = plain(*warm)
     assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*warm), RTOL, ATOL)
 
 
