@@ -93,7 +93,7 @@ def build_space(
     batch, the same strategy keeping those parameters sharded over the batch axes
     (`Strategy.stored`), listed after every plain strategy."""
     blocks = []
-    batch_axis = len(mesh.axes) - 1 if batch_inner else 0
+    batch_axis = _batch_axis(mesh, batch_inner)
     for block in analysis.blocks:
         kept, excluded = block_strategies(
             block, mesh, free_axes=free_axes, whole_mesh=whole_mesh, batch_axis=batch_axis
@@ -143,15 +143,20 @@ def step_blocks(
             "expected the batch pinned to one mesh axis, batch_outer or batch_inner, found "
             "both asked for"
         )
-    axis = 0 if batch_outer else len(mesh.shape) - 1 if batch_inner else None
-    size = None if axis is None else mesh.shape[axis]
-    primed = size if size is not None and 1 < size < mesh.size else None
+    size = mesh.shape[_batch_axis(mesh, batch_inner)]
+    primed = size if (batch_outer or batch_inner) and 1 < size < mesh.size else None
     # once per graph and split: every space and mesh of that many devices shares the blocks
     # (primed for 4 parts, the blocks of 4x4's outer and inner axes are the same)
     return graph.derived(
-        f"blocks for {mesh.size} parts, outer {primed}",
+        f"blocks for {mesh.size} parts, primed for {primed}",
         lambda graph: build_blocks(graph, mesh.size, primed),
     )
+
+
+def _batch_axis(mesh: MeshSpec, batch_inner: bool) -> int:
+    """The index of the mesh axis the batch is pinned to (and a primed role lives on):
+    the inner one in the batch-inner space, else the outer one (the paper's rule)."""
+    return len(mesh.axes) - 1 if batch_inner else 0
 
 
 def parameter_ids(graph: Graph) -> frozenset[int]:
