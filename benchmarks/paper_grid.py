@@ -41,7 +41,7 @@ APPROXIMATE_RESOLUTIONS = (64 * 2**20, 2**30, 4 * 2**30)
 # `WiderSpace`'s fields that are `analyze`'s switches of the same name, in the report's order
 ANALYZE_SWITCHES = (
     "shard_parameters", "whole_mesh", "batch_outer", "sequence_parallel", "free_axes",
-    "batch_inner",
+    "batch_inner", "contract_last",
 )  # fmt: skip
 
 
@@ -61,6 +61,7 @@ class WiderSpace:
     sequence_parallel: bool = False
     free_axes: bool = False
     batch_inner: bool = False
+    contract_last: bool = False
     # cut under `analyze`'s default cap instead of the run's
     default_cap: bool = False
 
@@ -110,9 +111,18 @@ class WiderSpace:
 
     @property
     def two_d_only(self) -> bool:
-        """Whether on a 1-D mesh the space is the paper's (the case then has no rows)."""
+        """Whether on a 1-D mesh the space is the paper's, or with `contract_last` the
+        `cfp_klast` row's (the case then has no rows)."""
         return self.whole_mesh or self.batch_outer or self.free_axes or self.batch_inner
 
+
+_CONTRACT_LAST = (
+    "the paper's strategies, with K of a contraction that contracts several dims on the last "
+    "of them that splits evenly instead of the first (`contract_last`): the combine einsum "
+    "`gsec,egcm->gsm` then contracts its experts `e`, not its capacity `c`, so an "
+    "expert-parallel plan sums the experts' outputs where the expert einsums left them (the "
+    "layout the ILP takes there, `alpa:K1`)"
+)
 
 WIDER_SPACES = (
     WiderSpace(
@@ -215,6 +225,39 @@ WIDER_SPACES = (
         "the paper's strategies rather than adding to them, so it is compared with the "
         "paper's space over every space; on a 1-D mesh the space is the paper's",
         batch_inner=True,
+    ),
+    WiderSpace(
+        row="cfp_klast",
+        flag="--contract-last",
+        title="CFP with K on the last contracted dim",
+        about=_CONTRACT_LAST
+        + "; a case where no block's K moves (every model but MoE: their contractions "
+        "contract one dim) has no rows",
+        contract_last=True,
+    ),
+    WiderSpace(
+        row="cfp_klast_whole",
+        flag="--contract-last --whole-mesh",
+        title="CFP with K on the last contracted dim and whole-mesh strategies",
+        about=_CONTRACT_LAST + ", in the whole-mesh space (2-D meshes only)",
+        contract_last=True,
+        whole_mesh=True,
+    ),
+    WiderSpace(
+        row="cfp_klast_inner",
+        flag="--contract-last --batch-inner",
+        title="CFP with K on the last contracted dim and the batch on the inner axis",
+        about=_CONTRACT_LAST + ", in the batch-inner space (2-D meshes only)",
+        contract_last=True,
+        batch_inner=True,
+    ),
+    WiderSpace(
+        row="cfp_klast_default_cap",
+        flag="--contract-last --default-cap",
+        title="CFP with K on the last contracted dim, cut at the default cap",
+        about=_CONTRACT_LAST + ", the step cut into segments under `analyze`'s default cap",
+        contract_last=True,
+        default_cap=True,
     ),
 )
 

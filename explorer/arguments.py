@@ -46,6 +46,7 @@ def checked_arguments(
     batch_outer: Any = False,
     sequence_parallel: Any = False,
     batch_inner: Any = False,
+    contract_last: Any = False,
 ) -> tuple[MeshSpec, Platform]:
     """`analyze`'s arguments checked where they enter, before the step is traced: the mesh
     and platform normalised, every other argument's type and range."""
@@ -98,6 +99,7 @@ def checked_arguments(
         "batch_outer": batch_outer,
         "sequence_parallel": sequence_parallel,
         "batch_inner": batch_inner,
+        "contract_last": contract_last,
     }
     for name, value in switches.items():
         if not isinstance(value, bool):

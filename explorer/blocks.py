@@ -7,7 +7,8 @@ One pass over the traced Graph:
    `DimRole` and `head_geometry`; a role with several candidate dims takes the first that
    splits evenly, and `ParallelBlock.role_notes` says so; given the mesh's `outer` axis size,
    a first candidate of E or M passed over that splits over the outer axis alone is kept
-   as E' or M' for that axis). From the head's result the
+   as E' or M' for that axis; with `contract_last`, K takes the last contracted dim that
+   splits evenly instead of the first). From the head's result the
    split of each spatial role (E, M, N) is propagated to users in program order; a user joins
    the block when every role's split maps to an even block split of its result (Eq. 2 via
    `affine.AffineMap.split_target`). The first user that breaks it ends the block there;
@@ -50,10 +51,13 @@ _MAX_END_REASONS = 8
 Layout = dict[DimRole, int]
 
 
-def build_blocks(graph: Graph, parallelism: int, outer: int | None = None) -> BlockAnalysis:
+def build_blocks(
+    graph: Graph, parallelism: int, outer: int | None = None, *, contract_last: bool = False
+) -> BlockAnalysis:
     """Group the graph's ops into ParallelBlocks for a split into `parallelism` parts;
     `outer` (a proper divisor of it: the outer axis size of a 2-D mesh) also places E' and
-    M' for that axis (`DimRole`)."""
+    M' for that axis (`DimRole`); `contract_last` gives K of a head contracting several dims
+    the last of them that splits evenly (`head_geometry`)."""
     if parallelism < 1:
         raise ValueError(f"parallelism must be >= 1, found {parallelism}")
     if outer is not None and (outer < 2 or outer >= parallelism or parallelism % outer):
@@ -61,7 +65,7 @@ def build_blocks(graph: Graph, parallelism: int, outer: int | None = None) -> Bl
             f"outer must be a proper divisor of the parallelism {parallelism} (the outer "
             f"axis of a 2-D mesh), found {outer}"
         )
-    state = _State(graph, parallelism, outer)
+    state = _State(graph, parallelism, outer, contract_last)
     heads = sorted(
         (op for op in graph.contractions() if op.role is Role.FORWARD),
         key=lambda op: (op.depth, op.id),
@@ -78,6 +82,7 @@ def build_blocks(graph: Graph, parallelism: int, outer: int | None = None) -> Bl
         unknown_primitives=tuple(sorted(state.unknown)),
         parallelism=parallelism,
         outer_parts=outer,
+        contracted_last=any(draft.geometry.contracted_last for draft in drafts),
     )
 
 
@@ -150,10 +155,13 @@ class _Draft:
 
 
 class _State:
-    def __init__(self, graph: Graph, parallelism: int, outer: int | None) -> None:
+    def __init__(
+        self, graph: Graph, parallelism: int, outer: int | None, contract_last: bool
+    ) -> None:
         self.graph = graph
         self.parts = parallelism
         self.outer = outer
+        self.contract_last = contract_last
         self.block_of: list[int | None] = [None] * len(graph.ops)
         self.value_owner: dict[int, int] = {}
         self.conflicts: list[Conflict] = []
@@ -180,7 +188,8 @@ class _State:
     # -- Algorithm 1 ------------------------------------------------------------------------
 
     def grow(self, head: OpNode) -> _Draft:
-        draft = _Draft(self.next_index, head, head_geometry(head, self.parts, self.outer))
+        geometry = head_geometry(head, self.parts, self.outer, contract_last=self.contract_last)
+        draft = _Draft(self.next_index, head, geometry)
         self.next_index += 1
         self._add(draft, head, draft.forward)
         out_layout = draft.geometry.result_dims(self.parts_of)
@@ -492,6 +501,7 @@ class HeadGeometry:
 
     places: tuple[tuple[DimRole, RoleDim], ...]
     notes: tuple[str, ...] = ()
+    contracted_last: bool = False  # K took a later contracted dim for `contract_last`
 
     @property
     def role_sizes(self) -> list[tuple[DimRole, int]]:
@@ -515,15 +525,20 @@ class HeadGeometry:
         return dims
 
 
-def head_geometry(head: OpNode, parts: int, outer: int | None = None) -> HeadGeometry:
+def head_geometry(
+    head: OpNode, parts: int, outer: int | None = None, *, contract_last: bool = False
+) -> HeadGeometry:
     """The roles of a contraction op heading a block split into `parts` parts (and, given
-    the outer axis size `outer`, its primed roles)."""
+    the outer axis size `outer`, its primed roles; with `contract_last`, K on the last
+    contracted dim that splits evenly)."""
     if head.primitive == "conv_general_dilated":
         return _conv_geometry(head)
-    return _dot_geometry(head, parts, outer)
+    return _dot_geometry(head, parts, outer, contract_last)
 
 
-def _dot_geometry(head: OpNode, parts: int, outer: int | None) -> HeadGeometry:
+def _dot_geometry(
+    head: OpNode, parts: int, outer: int | None, contract_last: bool = False
+) -> HeadGeometry:
     """E: a batch dim, M: a free lhs dim, N: a free rhs dim, K: a contracted dim.
 
     A role with several candidate dims takes the first whose size divides into `parts`
@@ -532,6 +547,11 @@ def _dot_geometry(head: OpNode, parts: int, outer: int | None) -> HeadGeometry:
     candidate and that one divides into `outer` parts, E' or M' takes it (the batch of 4
     of an `[4, 1024, d]` activation on a 2x4 mesh: M splits the sequence over the whole
     mesh, M' the batch over the outer axis).
+
+    `contract_last` looks K's candidates over from the last: a combine einsum
+    `gsec,egcm->gsm` contracts its capacity `c` and its experts `e`, listed in that order;
+    K on `e` reads the expert outputs split by expert, as the expert einsums' blocks leave
+    them, where K on `c` must lay them out by capacity first.
     """
     (lc, rc), (lb, rb) = head.param("dimension_numbers")
     lhs, rhs = head.input_types[0].shape, head.input_types[1].shape
@@ -546,11 +566,22 @@ def _dot_geometry(head: OpNode, parts: int, outer: int | None) -> HeadGeometry:
     }
     places: list[tuple[DimRole, RoleDim]] = []
     notes: list[str] = []
+    contracted_last = False
     for role, options in candidates.items():
-        if options:
-            place, note = _first_dividing(role, options, parts)
-            places.append((role, place))
-            notes.extend(note)
+        if not options:
+            continue
+        place, note = _first_dividing(role, options, parts)
+        if role is DimRole.K and contract_last:
+            last, _ = _first_dividing(role, options[::-1], parts)
+            if last is not place and last.size % parts == 0:
+                contracted_last = True
+                note = [
+                    f"K: the last contracted dim that divides into {parts} parts: "
+                    f"{last.describe()}, not {place.describe()} (contract_last)"
+                ]
+                place = last
+        places.append((role, place))
+        notes.extend(note)
     primed = {DimRole.E: DimRole.E_OUTER, DimRole.M: DimRole.M_OUTER}
     for role, place in list(places):
         first = candidates[role][0]
@@ -560,7 +591,7 @@ def _dot_geometry(head: OpNode, parts: int, outer: int | None) -> HeadGeometry:
                 f"{primed[role].value}: {first.describe()} splits over the outer axis "
                 f"({outer} parts), not over all {parts}"
             )
-    return HeadGeometry(tuple(places), tuple(notes))
+    return HeadGeometry(tuple(places), tuple(notes), contracted_last)
 
 
 def _first_dividing(role: DimRole, options: list[RoleDim], parts: int) -> tuple[RoleDim, list[str]]:

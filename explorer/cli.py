@@ -36,6 +36,11 @@ BATCH_INNER_HELP = (
     "axes swapped; the batch's own dim primed there, M' or E', where it does not split over "
     "every device): weights split across the outer axis, the batch within each of its parts"
 )
+CONTRACT_LAST_HELP = (
+    "give a contraction with several contracted dims its K on the last that splits evenly, "
+    "not the first (a combine einsum's experts, not its capacity: the experts' outputs summed "
+    "where expert parallelism left them)"
+)
 SEQUENCE_PARALLEL_HELP = (
     "also offer each block splitting K (or N) its twin reduce-scattering the head's partial "
     "sums (the input gradient's) onto M (the sequence, or the batch where it splits) instead "
@@ -94,10 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--each-space",
         action="store_true",
         help="analyse the paper's space and each wider space asked for (--free-axes, "
-        "--whole-mesh, --shard-parameters, --batch-outer, --batch-inner) one at a time, print "
-        "each one's plan and choose the one predicted fastest (a wider space cuts the step its "
-        "own way, so its plan can be slower than the paper's); with --gpu-memory, each space's "
-        "fastest plan that fits the GPU",
+        "--whole-mesh, --shard-parameters, --batch-outer, --batch-inner, --contract-last) one "
+        "at a time, print each one's plan and choose the one predicted fastest (a wider space "
+        "cuts the step its own way, so its plan can be slower than the paper's); with "
+        "--gpu-memory, each space's fastest plan that fits the GPU",
     )
     plan.add_argument("--out", default=None, help="write the chosen plan JSON here")
     _add_fast_compile(plan)
@@ -193,6 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "holds that space",
     )
     bench.add_argument(
+        "--contract-last",
+        action="store_true",
+        help="with --paper: also profile CFP's space with K on a contraction's last "
+        "contracted dim that splits evenly where that moves a block's K (rows cfp_klast, "
+        "cfp_klast_gpu), and with each of --whole-mesh, --batch-inner and --default-cap given "
+        "that space too (rows cfp_klast_whole, cfp_klast_inner, cfp_klast_default_cap); "
+        "without it the report shows them where the cache holds that space",
+    )
+    bench.add_argument(
         "--free-axes",
         action="store_true",
         help="with --paper: also profile CFP's space with every axis-to-role assignment on "
@@ -275,6 +289,7 @@ def _add_space_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-parameters", action="store_true", help=SHARD_PARAMETERS_HELP)
     parser.add_argument("--batch-outer", action="store_true", help=BATCH_OUTER_HELP)
     parser.add_argument("--batch-inner", action="store_true", help=BATCH_INNER_HELP)
+    parser.add_argument("--contract-last", action="store_true", help=CONTRACT_LAST_HELP)
     parser.add_argument("--sequence-parallel", action="store_true", help=SEQUENCE_PARALLEL_HELP)
 
 
@@ -285,6 +300,7 @@ _WIDER_SWITCHES = (
     "batch_outer",
     "sequence_parallel",
     "batch_inner",
+    "contract_last",
 )
 
 
@@ -299,8 +315,8 @@ def _spaces_asked(args: argparse.Namespace) -> dict[str, dict[str, bool]]:
     if not wider:
         raise InputError(
             "--each-space: expected at least one wider space to compare with the paper's "
-            "(--free-axes, --whole-mesh, --shard-parameters, --batch-outer, --batch-inner or "
-            "--sequence-parallel), found none"
+            "(--free-axes, --whole-mesh, --shard-parameters, --batch-outer, --batch-inner, "
+            "--contract-last or --sequence-parallel), found none"
         )
     if args.no_profile:
         raise InputError(
@@ -413,6 +429,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
         "shard parameters": args.shard_parameters,
         "batch outer": args.batch_outer,
         "batch inner": args.batch_inner,
+        "contract last": args.contract_last,
         "sequence parallel": args.sequence_parallel,
         "platform": json.dumps(platform.to_json(), sort_keys=True, default=str),
         "only": list(only),
@@ -442,6 +459,7 @@ def _profile(args: argparse.Namespace, argv: list[str]) -> int:
             batch_outer=args.batch_outer,
             sequence_parallel=args.sequence_parallel,
             batch_inner=args.batch_inner,
+            contract_last=args.contract_last,
             workers=args.workers or (1 if args.backend == "measured" else None),
             on_program=lambda r: report("profiling", f"{r.key.segment[:24]} {r.key.config}"),
         )
@@ -518,6 +536,7 @@ def _plan(args: argparse.Namespace) -> int:
                     batch_outer=switches["batch_outer"],
                     sequence_parallel=switches["sequence_parallel"],
                     batch_inner=switches["batch_inner"],
+                    contract_last=switches["contract_last"],
                     platform=platform,
                     backend=args.backend,
                     cache=None if args.no_cache else args.cache,
@@ -619,6 +638,7 @@ def _bench(args: argparse.Namespace) -> int:
         ("--batch-outer", args.batch_outer),
         ("--free-axes", args.free_axes),
         ("--batch-inner", args.batch_inner),
+        ("--contract-last", args.contract_last),
         ("--default-cap", args.default_cap),
         ("--sequence-parallel", args.sequence_parallel),
     ):
@@ -655,6 +675,12 @@ def _bench(args: argparse.Namespace) -> int:
                 "cfp_seq_default_cap": "compile" if args.sequence_parallel else "kept",
                 "cfp_free": "compile" if args.free_axes else "kept",
                 "cfp_inner": "compile" if args.batch_inner else "kept",
+                "cfp_klast": "compile" if args.contract_last else "kept",
+                "cfp_klast_whole": "compile" if args.contract_last and args.whole_mesh else "kept",
+                "cfp_klast_inner": "compile" if args.contract_last and args.batch_inner else "kept",
+                "cfp_klast_default_cap": "compile"
+                if args.contract_last and args.default_cap
+                else "kept",
             },
             jobs=int(args.jobs),
             config_cap=cap,

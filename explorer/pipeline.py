@@ -47,6 +47,7 @@ def analyze(
     shard_parameters: bool = ...,
     batch_outer: bool = ...,
     batch_inner: bool = ...,
+    contract_last: bool = ...,
     sequence_parallel: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
@@ -73,6 +74,7 @@ def analyze(
     shard_parameters: bool = ...,
     batch_outer: bool = ...,
     batch_inner: bool = ...,
+    contract_last: bool = ...,
     sequence_parallel: bool = ...,
     memory_resolution: BytesLike = ...,
     arg_roles: ArgRoles | None = ...,
@@ -99,6 +101,7 @@ def analyze(
     batch_outer: bool = False,
     sequence_parallel: bool = False,
     batch_inner: bool = False,
+    contract_last: bool = False,
     memory_resolution: BytesLike = 0,
     arg_roles: ArgRoles | None = None,
     config_cap: int = DEFAULT_CONFIG_CAP,
@@ -118,7 +121,9 @@ def analyze(
     mesh (M' and E', see `DimRole`), beside the paper's strategies; `batch_inner` pins the
     batch to the inner axis instead of the outer one (the paper's rule with the axes
     swapped, its own dim primed there where the batch does not split over every device):
-    weights split across the nodes, the batch within each.
+    weights split across the nodes, the batch within each. `contract_last` gives K of a
+    contraction with several contracted dims the last that splits evenly, not the first (a
+    combine einsum's experts, not its capacity: expert parallelism through the combine).
     `shard_parameters` offers every block that splits its batch a twin keeping its
     parameters (and their optimizer state) sharded over the batch axes between steps, as
     ZeRO-3/FSDP does: the solver then trades their gathers for memory block by block.
@@ -161,6 +166,7 @@ def analyze(
         batch_outer=batch_outer,
         sequence_parallel=sequence_parallel,
         batch_inner=batch_inner,
+        contract_last=contract_last,
     )
     resolution = int(parse_bytes(memory_resolution, "memory_resolution"))
     if traced is None:
@@ -182,6 +188,7 @@ def analyze(
         batch_outer=batch_outer,
         sequence_parallel=sequence_parallel,
         batch_inner=batch_inner,
+        contract_last=contract_last,
     )
     check_mesh_fit(blocks, spec, free_axes)
     from explorer.layouts import instance_dependencies, loop_twins, split_by_dependencies
@@ -198,6 +205,7 @@ def analyze(
         batch_outer=blocks.primed and not batch_inner,
         sequence_parallel=blocks.scattering,
         batch_inner=batch_inner,  # on a 2-D mesh, a space of its own even unprimed
+        contract_last=blocks.contracted_last,  # the paper's blocks where no K moved
     )
     if not profile:
         return SegmentedStep(

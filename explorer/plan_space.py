@@ -37,6 +37,7 @@ def space_options(
     batch_outer: bool = False,
     sequence_parallel: bool = False,
     batch_inner: bool = False,
+    contract_last: bool = False,
 ) -> SpaceOptions:
     """`analyze`'s options as the space they make: on a 1-D mesh the 2-D widenings change
     nothing, so they are dropped. `config_cap` is the cap naming the cut (`cut_cap`)."""
@@ -49,6 +50,7 @@ def space_options(
         batch_outer=batch_outer and two_d,
         sequence_parallel=sequence_parallel,
         batch_inner=batch_inner and two_d,
+        contract_last=contract_last,
     )
 
 
@@ -163,6 +165,7 @@ def space_of(plan: Plan, graph: Graph) -> tuple[BlockAnalysis, Segmentation]:
             batch_outer=options.batch_outer,
             sequence_parallel=options.sequence_parallel,
             batch_inner=options.batch_inner,
+            contract_last=options.contract_last,
         )
         return space, build_segments(graph, space, cap=options.config_cap)
     blocks = build_blocks(graph, mesh.size)

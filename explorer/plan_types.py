@@ -107,9 +107,9 @@ UNRECORDED_CAP = 256
 @dataclass(frozen=True, slots=True)
 class SpaceOptions:
     """What `analyze` searched beyond the paper's space (the 2-D widenings `free_axes`,
-    `whole_mesh`, `batch_outer` and `batch_inner`, ZeRO twins, scattering twins) and the
-    configuration cap naming its cut: with the step, what decides a block plan's strategies
-    and where its segment boundaries fall."""
+    `whole_mesh`, `batch_outer` and `batch_inner`, ZeRO twins, scattering twins, K on the
+    last contracted dim) and the configuration cap naming its cut: with the step, what
+    decides a block plan's strategies and where its segment boundaries fall."""
 
     free_axes: bool = False
     whole_mesh: bool = False
@@ -120,6 +120,7 @@ class SpaceOptions:
     batch_outer: bool = False  # appended: a recorded space's fields keep their order
     sequence_parallel: bool = False
     batch_inner: bool = False
+    contract_last: bool = False  # K on a head's last contracted dim that splits evenly
 
 
 PAPER_SPACE = SpaceOptions()  # the paper's space, cut as a plan recording no cap is

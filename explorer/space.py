@@ -19,9 +19,12 @@ axis (M over both, or M on the inner axis with any role on the outer one), its b
 for the inner axis's size and M' (else E') pinned there, so a step whose batch does not
 split over every device can still split it inside each node and its weights across the
 nodes (Megatron across, data parallel within: the layout the ILP's winning plans share).
-With `stored_parameters` a block owning
-parameters also gets ZeRO-3 twins: each batch-splitting strategy once more, its parameters
-kept sharded over the batch axes between steps (`Strategy.stored`). With
+`contract_last=True` (`step_space`) builds the blocks with K on a head's last contracted dim
+that splits evenly, not its first: a combine einsum's experts instead of its capacity, so
+an expert-parallel plan can sum the experts' outputs where they lie. With
+`stored_parameters` a block owning parameters also gets ZeRO-3 twins: each batch-splitting
+strategy once more, its parameters kept sharded over the batch axes between steps
+(`Strategy.stored`). With
 `sequence_parallel` each strategy splitting K, or N and not K, gets a scattering twin:
 partial sums reduce-scattered onto M instead of all-reduced (`Strategy.scattered`,
 Megatron's sequence parallelism block by block). A strategy that cannot
@@ -116,13 +119,18 @@ def step_space(
     batch_outer: bool = False,
     sequence_parallel: bool = False,
     batch_inner: bool = False,
+    contract_last: bool = False,
 ) -> BlockAnalysis:
     """The step's ParallelBlocks with their strategies on `mesh`: the space `analyze` and
     the cluster's profiler search (`shard_parameters`: with ZeRO twins;
-    `sequence_parallel`: with scattering twins)."""
+    `sequence_parallel`: with scattering twins; `contract_last`: K on a head's last
+    contracted dim that splits evenly, `build_blocks`)."""
     stored = parameter_ids(graph) if shard_parameters else frozenset[int]()
+    blocks = step_blocks(
+        graph, mesh, batch_outer=batch_outer, batch_inner=batch_inner, contract_last=contract_last
+    )
     return build_space(
-        step_blocks(graph, mesh, batch_outer=batch_outer, batch_inner=batch_inner),
+        blocks,
         mesh,
         free_axes=free_axes,
         whole_mesh=whole_mesh,
@@ -133,11 +141,16 @@ def step_space(
 
 
 def step_blocks(
-    graph: Graph, mesh: MeshSpec, *, batch_outer: bool = False, batch_inner: bool = False
+    graph: Graph,
+    mesh: MeshSpec,
+    *,
+    batch_outer: bool = False,
+    batch_inner: bool = False,
+    contract_last: bool = False,
 ) -> BlockAnalysis:
     """The step's ParallelBlocks on `mesh`, with primed roles for the axis the batch is
     pinned to if `batch_outer` (the outer axis) or `batch_inner` (the inner one), where the
-    mesh has one: a 1-D mesh's blocks are the paper's."""
+    mesh has one: a 1-D mesh's blocks are the paper's; `contract_last` as `build_blocks`."""
     if batch_outer and batch_inner:
         raise AnalysisError(
             "expected the batch pinned to one mesh axis, batch_outer or batch_inner, found "
@@ -148,8 +161,8 @@ def step_blocks(
     # once per graph and split: every space and mesh of that many devices shares the blocks
     # (primed for 4 parts, the blocks of 4x4's outer and inner axes are the same)
     return graph.derived(
-        f"blocks for {mesh.size} parts, primed for {primed}",
-        lambda graph: build_blocks(graph, mesh.size, primed),
+        f"blocks for {mesh.size} parts, primed for {primed}, contract last {contract_last}",
+        lambda graph: build_blocks(graph, mesh.size, primed, contract_last=contract_last),
     )
 
 

@@ -377,6 +377,33 @@ def test_the_batch_inner_space_primes_for_the_inner_axis_alone() -> None:
         step_space(graph, spec, batch_outer=True, batch_inner=True)
 
 
+def test_contract_last_moves_k_of_the_combine_einsum_alone() -> None:
+    # tiny MoE's combine einsum `gsec,egcm->gsm` contracts its capacity c and its experts e
+    # (8 each, listed c first): K takes c, the first that divides into 4 parts, and with
+    # contract_last e. Only those blocks change, and only where K lands; a step whose
+    # contractions each contract one dim has the paper's blocks
+    graph, paper = analysed("moe", (4,))
+    spec = mesh_spec((4,))
+    last = step_space(graph, spec, contract_last=True)
+    assert last.contracted_last and not paper.contracted_last
+    moved = [(a, b) for a, b in zip(paper.blocks, last.blocks, strict=True) if a != b]
+    assert moved and all(a.scope.endswith("gsec,egcm->gsm") for a, _ in moved), moved
+    for before, after in zip(paper.blocks, last.blocks, strict=True):
+        assert before.ops == after.ops and before.role_sizes == after.role_sizes
+        assert [s.name for s in before.strategies] == [s.name for s in after.strategies]
+    for before, after in moved:
+        head = graph.ops[before.head]
+        paper_k, last_k = (
+            {o.position: o.layout.dim_of(DimRole.K) for o in b.operand_layouts if o.op == head.id}
+            for b in (before, after)
+        )
+        assert paper_k == {0: 3, 1: 2}  # c: gsec's dim 3, egcm's dim 2
+        assert last_k == {0: 2, 1: 0}  # e: gsec's dim 2, egcm's dim 0
+        assert any("(contract_last)" in note for note in after.role_notes)
+    gpt, _ = analysed("gpt", (4,))
+    assert step_space(gpt, spec, contract_last=True) == step_space(gpt, spec)
+
+
 def test_a_primed_role_an_op_cannot_carry_is_dropped_and_the_block_goes_on() -> None:
     # summing over the batch ends a split of the batch, not of the sequence: the block
     # keeps the sum and every op it had without the outer axis, and drops M' (saying where)

@@ -184,6 +184,30 @@ def test_a_batch_inner_plan_records_its_space_primed_or_not(gpt: Any) -> None:
         ex.analyze(step, *args, mesh=(2, 2), profile=False, batch_outer=True, batch_inner=True)
 
 
+def test_a_contract_last_plan_records_its_space_where_a_block_s_k_moved() -> None:
+    """Tiny MoE on 4 devices with `contract_last=True`: its combine einsums' K moves to their
+    experts' dim, under the paper's names, so its plans record the space and `space_of`
+    rebuilds those blocks, not the paper's. Where no block's K moves (tiny GPT), the space
+    is the paper's and records nothing. A switch that is no bool is refused first."""
+    step, args = ex.models.moe(ex.models.MoEConfig.tiny().replace(num_layers=2))
+    paper = ex.analyze(step, *args, mesh=(4,), profile=False, cache=None)
+    last = ex.analyze(
+        step, *args, mesh=(4,), profile=False, cache=None, contract_last=True, traced=paper.graph
+    )
+    assert last.space == SpaceOptions(contract_last=True) and paper.space == PAPER_SPACE
+    names = [next(s.name for s in b.strategies if s.name.startswith("K@")) for b in last.blocks]
+    plan = _plan(last, names)
+    _assert_recorded_and_rebuilt(plan, last, {"contract_last": True})
+    space, _ = space_of(plan, last.graph)
+    assert space.blocks == last.block_analysis.blocks != paper.block_analysis.blocks
+    assert layout_digest(plan_to_json(plan)) != layout_digest(plan_to_json(_plan(paper, names)))
+    step, args = ex.models.gpt(ex.models.GPTConfig.tiny().replace(num_layers=2))
+    gpt = ex.analyze(step, *args, mesh=(4,), profile=False, cache=None, contract_last=True)
+    assert gpt.space == PAPER_SPACE
+    with pytest.raises(InputError, match="contract_last: expected True or False"):
+        ex.analyze(step, *args, mesh=(4,), profile=False, contract_last="yes")
+
+
 def _assert_recorded_and_rebuilt(plan: Any, analysis: Any, recorded: dict[str, bool]) -> None:
     """`plan` records its space as `recorded`, survives its JSON, and `space_of` rebuilds
     `analysis`' strategies and segments from it."""

@@ -218,6 +218,7 @@ def profile_on_cluster(
     batch_outer: bool = False,
     sequence_parallel: bool = False,
     batch_inner: bool = False,
+    contract_last: bool = False,
     config_cap: int = DEFAULT_CONFIG_CAP,
     workers: int | None = 1,
     progress: bool = True,
@@ -231,7 +232,8 @@ def profile_on_cluster(
     software; the request is the caller's to check, as the command line does). Process 0
     writes the rows to `cache`; `only` restricts the run to some segment types, boundaries
     or configurations (see `selection`); `free_axes`, `whole_mesh`, `shard_parameters`,
-    `batch_outer`, `batch_inner` and `sequence_parallel` build the space as `analyze` does.
+    `batch_outer`, `batch_inner`, `contract_last` and `sequence_parallel` build the space
+    as `analyze` does.
     `on_program(record)` is called after each program (measured: once every process has
     finished it), a progress beat. `workers` is the compiling threads of each process
     (compiled on one CPU process: worker processes).
@@ -277,6 +279,7 @@ def profile_on_cluster(
         batch_outer=batch_outer,
         sequence_parallel=sequence_parallel,
         batch_inner=batch_inner,
+        contract_last=contract_last,
     )
     segmentation = build_segments(graph, analysis, cap=config_cap)
     keep = selection(only, analysis, segmentation)

@@ -194,6 +194,9 @@ class BlockAnalysis:
     # the size of the axis E' and M' were placed for, if any: the outer one's, or the inner
     # one's in the batch-inner space (`space.step_blocks`)
     outer_parts: int | None = None
+    # whether some block's K took a later contracted dim than the paper's (built with
+    # `contract_last`): where none did, the space is the one built without it
+    contracted_last: bool = False
 
     def __post_init__(self) -> None:
         seen: set[int] = set()
