@@ -452,12 +452,20 @@ def test_the_default_cap_space_is_searched_where_it_cuts_the_step_otherwise(
 
 
 def _tiny_gpt_with_one_wider_space(
-    tmp_path: Path, row: str, batch: int
+    tmp_path: Path,
+    row: str,
+    batch: int,
+    *,
+    model: str = "gpt",
+    mesh: tuple[int, ...] = (2, 2),
+    layers: int = 1,
 ) -> tuple[pd.DataFrame, pd.Series, pd.Series, str]:
-    """Tiny GPT (one layer) on 2x2 at `batch`, the paper's space and the wider space of
-    `row` alone: the run's rows, the paper's CFP row and the wider one's, and that space's
-    report section."""
-    case = PaperCase("gpt", "tiny", "a100-pcie-8", (2, 2), batch=batch, paper_batch=True, layers=1)
+    """Tiny GPT (or another tiny `model`) of `layers` layers on `mesh` at `batch`, the
+    paper's space and the wider space of `row` alone: the run's rows, the paper's CFP row
+    and the wider one's, and that space's report section."""
+    case = PaperCase(
+        model, "tiny", "a100-pcie-8", mesh, batch=batch, paper_batch=True, layers=layers
+    )
     only = {space.row: "off" for space in WIDER_SPACES} | {row: "compile"}
     report = run_paper(False, out=tmp_path, cache=SHARED_CACHE, cases=[case], log=print, wider=only)
     frame = pd.read_csv(tmp_path / "paper.csv")
@@ -496,6 +504,23 @@ def test_the_batch_inner_space_is_profiled_and_judged_beside_the_paper_s(tmp_pat
     fastest = min((paper, inner), key=lambda row: row["predicted_s"])
     assert best["predicted_s"] == fastest["predicted_s"]
     assert best["space"] == ("paper" if fastest is paper else "batch-inner")
+
+
+def test_the_contract_last_space_is_profiled_and_judged_beside_the_paper_s(tmp_path: Path) -> None:
+    """`--contract-last` on tiny MoE (a dense and an MoE layer) on 4 devices: the combine
+    einsum's K moves to its experts' dim. The space cuts the step as the paper's does, into
+    as many programs (those of the combine's K its own, the rest the paper's), its plan is
+    judged by its own whole step, and the fastest over every space is the faster prediction
+    of the two (the paper's where they tie)."""
+    frame, paper, last, section = _tiny_gpt_with_one_wider_space(
+        tmp_path, "cfp_klast", 8, model="moe", mesh=(4,), layers=2
+    )
+    assert last["programs"] == paper["programs"] > 0
+    assert "`analyze(..., contract_last=True)`" in section.split("\n\n")[1], section[:600]
+    best = best_of_spaces(frame).set_index("plan").loc["cfp_best"]
+    fastest = min((paper, last), key=lambda row: row["predicted_s"])
+    assert best["predicted_s"] == fastest["predicted_s"]
+    assert best["space"] == ("paper" if fastest is paper else "contract-last")
 
 
 def test_a_paper_case_on_a_platform_with_too_few_devices_is_skipped_with_its_reason(

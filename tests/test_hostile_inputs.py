@@ -266,6 +266,13 @@ ROWS: tuple[Row, ...] = (
     Row("batch_outer='x'", lambda w: w.analyze(batch_outer="x"), InputError, "batch_outer", True),
     Row("batch_inner='x'", lambda w: w.analyze(batch_inner="x"), InputError, "batch_inner", True),
     Row(
+        "contract_last=1",
+        lambda w: w.analyze(contract_last=1),
+        InputError,
+        "contract_last",
+        True,
+    ),
+    Row(
         "batch_outer and batch_inner",
         lambda w: w.analyze(batch_outer=True, batch_inner=True),
         InputError,

@@ -167,9 +167,10 @@ def test_plans_apply_on_other_models_and_meshes(name: str, mesh: tuple[int, ...]
 
 
 def _second_step_of(config: Any) -> tuple[Any, tuple[Any, ...], Any]:
-    """Tiny GPT of `config`: its step, the arguments of its second step and the unsharded
-    step's results on them."""
-    step, args = ex.models.gpt(config)
+    """The tiny model of `config` (GPT's, or another zoo model's): its step, the arguments
+    of its second step and the unsharded step's results on them."""
+    build = next(fn for fn, kind in ex.models.MODELS.values() if type(config) is kind)
+    step, args = build(config)
     plain = jax.jit(step)
     _, params, opt_state = plain(*args)
     warm = (params, opt_state, args[2], jax.random.fold_in(args[3], 1))
@@ -181,15 +182,13 @@ def _pinned_plan(
     warm: tuple[Any, ...],
     pick: Callable[[Any], str | None],
     *,
-    free_axes: bool = False,
-    batch_inner: bool = False,
+    mesh: tuple[int, ...] = (2, 2),
+    **switches: bool,
 ) -> Any:
-    """The 2x2 plan of the space the switches build that pins each block to `pick(block)`
-    (its first strategy where that is None), profiled only for the pinned configurations
-    and the boundaries."""
-    layout = ex.analyze(
-        step, *warm, mesh=(2, 2), free_axes=free_axes, batch_inner=batch_inner, profile=False
-    )
+    """The plan on `mesh` of the space `analyze`'s `switches` build that pins each block to
+    `pick(block)` (its first strategy where that is None), profiled only for the pinned
+    configurations and the boundaries."""
+    layout = ex.analyze(step, *warm, mesh=mesh, profile=False, **switches)
     pins = {block.index: pick(block) or block.strategies[0].name for block in layout.blocks}
     wanted = {
         ",".join(pins[b] for b in instance.blocks) or "-" for instance in layout.segments.instances
@@ -197,12 +196,11 @@ def _pinned_plan(
     analysis = ex.analyze(
         step,
         *warm,
-        mesh=(2, 2),
-        free_axes=free_axes,
-        batch_inner=batch_inner,
+        mesh=mesh,
         cache=SHARED_CACHE,
         progress=False,
         only=lambda kind, label, config: kind == "reshard" or config in wanted,
+        **switches,
     )
     plan = analysis.plan(pins=pins)
     assert list(plan.strategies) == [pins[b] for b in range(len(pins))]
@@ -244,6 +242,31 @@ def test_a_batch_inner_plan_with_primed_roles_saves_applies_and_matches_the_unsh
     assert sum("'@y" in name for name in plan.strategies) >= len(plan.strategies) // 2
     assert plan_to_json(plan)["space"] == {"batch_inner": True}
     loaded = ex.load_plan(plan.save(tmp_path / "inner.json"))
+    assert loaded == plan
+    assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*warm), RTOL, ATOL)
+
+
+@pytest.mark.slow
+def test_an_expert_parallel_plan_of_the_contract_last_space_applies_and_matches(
+    tmp_path: Path,
+) -> None:
+    """Tiny MoE on 4 devices with `contract_last=True`: the plan taking E wherever a block
+    offers it (the groups in the gating and dispatch einsums, the experts in the expert
+    einsums) and contracting the experts split in the combine einsum (its K, moved there)
+    records its space, survives its JSON, and applies with the same numbers as the
+    unsharded step."""
+    config = ex.models.MoEConfig.tiny().replace(num_layers=2)
+    step, warm, expected = _second_step_of(config)
+
+    def expert_parallel(block: Any) -> str | None:
+        moved = any("(contract_last)" in note for note in block.role_notes)
+        wanted = "K@x" if moved else "E@x"
+        return next((s.name for s in block.strategies if s.name == wanted), None)
+
+    plan = _pinned_plan(step, warm, expert_parallel, mesh=(4,), contract_last=True)
+    assert plan.strategies.count("K@x") >= 1 and "E@x" in plan.strategies
+    assert plan_to_json(plan)["space"] == {"contract_last": True}
+    loaded = ex.load_plan(plan.save(tmp_path / "experts.json"))
     assert loaded == plan
     assert_trees_close(expected, ex.apply_plan(loaded, step, donate=False)(*warm), RTOL, ATOL)
 
