@@ -218,6 +218,8 @@ class BlockAnalysis:
 
     def summary(self, graph: Graph) -> str:
         outer = f", E'/M' for a batch axis of {self.outer_parts}" if self.outer_parts else ""
+        if self.contracted_last:
+            outer += ", K on the last contracted dim that splits (contract_last)"
         lines = [f"{len(self.blocks)} ParallelBlocks (P={self.parallelism}{outer})"]
         for block in self.blocks:
             head = graph.ops[block.head]
