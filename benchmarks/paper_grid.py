@@ -111,8 +111,7 @@ class WiderSpace:
 
     @property
     def two_d_only(self) -> bool:
-        """Whether on a 1-D mesh the space is the paper's, or with `contract_last` the
-        `cfp_klast` row's (the case then has no rows)."""
+        """Whether on a 1-D mesh the space is the paper's (the case then has no rows)."""
         return self.whole_mesh or self.batch_outer or self.free_axes or self.batch_inner
 
 
@@ -234,22 +233,6 @@ WIDER_SPACES = (
         + "; a case where no block's K moves (every model but MoE: their contractions "
         "contract one dim) has no rows",
         contract_last=True,
-    ),
-    WiderSpace(
-        row="cfp_klast_whole",
-        flag="--contract-last --whole-mesh",
-        title="CFP with K on the last contracted dim and whole-mesh strategies",
-        about=_CONTRACT_LAST + ", in the whole-mesh space (2-D meshes only)",
-        contract_last=True,
-        whole_mesh=True,
-    ),
-    WiderSpace(
-        row="cfp_klast_inner",
-        flag="--contract-last --batch-inner",
-        title="CFP with K on the last contracted dim and the batch on the inner axis",
-        about=_CONTRACT_LAST + ", in the batch-inner space (2-D meshes only)",
-        contract_last=True,
-        batch_inner=True,
     ),
     WiderSpace(
         row="cfp_klast_default_cap",

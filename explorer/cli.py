@@ -201,10 +201,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--contract-last",
         action="store_true",
         help="with --paper: also profile CFP's space with K on a contraction's last "
-        "contracted dim that splits evenly where that moves a block's K (rows cfp_klast, "
-        "cfp_klast_gpu), and with each of --whole-mesh, --batch-inner and --default-cap given "
-        "that space too (rows cfp_klast_whole, cfp_klast_inner, cfp_klast_default_cap); "
-        "without it the report shows them where the cache holds that space",
+        "contracted dim that splits evenly, where that moves a block's K (rows cfp_klast, "
+        "cfp_klast_gpu), and with --default-cap that space cut at the default cap too (rows "
+        "cfp_klast_default_cap); without it the report shows them where the cache holds "
+        "that space",
     )
     bench.add_argument(
         "--free-axes",
@@ -676,8 +676,6 @@ def _bench(args: argparse.Namespace) -> int:
                 "cfp_free": "compile" if args.free_axes else "kept",
                 "cfp_inner": "compile" if args.batch_inner else "kept",
                 "cfp_klast": "compile" if args.contract_last else "kept",
-                "cfp_klast_whole": "compile" if args.contract_last and args.whole_mesh else "kept",
-                "cfp_klast_inner": "compile" if args.contract_last and args.batch_inner else "kept",
                 "cfp_klast_default_cap": "compile"
                 if args.contract_last and args.default_cap
                 else "kept",
