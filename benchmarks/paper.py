@@ -310,8 +310,11 @@ def _with_wider_space(
         return None
     if space.batch_outer and not step_blocks(traced, mesh_spec(case.mesh), batch_outer=True).primed:
         return None  # no block primes a role: the batch splits over every device already
-    if space.contract_last and not _contracts_last(traced, case.mesh, space):
-        return None  # no block's K moves: the space without contract_last's
+    if space.contract_last:
+        pinned = {"batch_outer": space.batch_outer, "batch_inner": space.batch_inner}
+        moved = step_blocks(traced, mesh_spec(case.mesh), contract_last=True, **pinned)
+        if not moved.contracted_last:
+            return None  # no block's K moves: the space without contract_last's
     cap = space.config_cap or run.segment_cap()
     if space.config_cap is not None and space.has_run_cap_twin:
         blocks = paper.block_analysis  # the paper's strategies: analysed at the run's cap
@@ -380,22 +383,6 @@ def _with_wider_space(
     )  # fmt: skip
     plans.update(mine)
     return WiderAnalysis(analysis, cost)
-
-
-def _contracts_last(traced: Any, mesh: tuple[int, ...], space: WiderSpace) -> bool:
-    """Whether some block of the step's space `space` takes a later contracted dim for K
-    than the same space without `contract_last` (else the two are the same space)."""
-    from explorer.mesh import mesh_spec
-    from explorer.space import step_blocks
-
-    blocks = step_blocks(
-        traced,
-        mesh_spec(mesh),
-        batch_outer=space.batch_outer,
-        batch_inner=space.batch_inner,
-        contract_last=True,
-    )
-    return blocks.contracted_last
 
 
 def _solved_coarser_where_refused(analysed: Callable[..., Any]) -> Any:

@@ -451,7 +451,7 @@ def test_the_default_cap_space_is_searched_where_it_cuts_the_step_otherwise(
     assert "cfp" in plans and not plans & {"cfp_default_cap", "cfp_default_cap_gpu"}
 
 
-def _tiny_gpt_with_one_wider_space(
+def _tiny_case_with_one_wider_space(
     tmp_path: Path,
     row: str,
     batch: int,
@@ -483,7 +483,7 @@ def test_the_free_axes_space_offers_the_batch_on_the_inner_axis_and_is_judged_al
     paper's space: its own programs (more of them: the paper's rule pins M, here the batch,
     which divides into the 4 devices, to the outer axis), its own plan judged by its whole
     step, and a section of its own."""
-    frame, paper, free, section = _tiny_gpt_with_one_wider_space(tmp_path, "cfp_free", 8)
+    frame, paper, free, section = _tiny_case_with_one_wider_space(tmp_path, "cfp_free", 8)
     assert free["programs"] > paper["programs"] > 0
     assert "`analyze(..., free_axes=True)`" in section.split("\n\n")[1], section[:600]
     best = best_of_spaces(frame).set_index("plan").loc["cfp_best"]
@@ -497,7 +497,7 @@ def test_the_batch_inner_space_is_profiled_and_judged_beside_the_paper_s(tmp_pat
     rule with the axes swapped, so it profiles programs of its own (as many types as the
     paper's space, other layouts), its plan is judged by its own whole step, and the
     fastest over every space is the faster prediction of the two."""
-    frame, paper, inner, section = _tiny_gpt_with_one_wider_space(tmp_path, "cfp_inner", 2)
+    frame, paper, inner, section = _tiny_case_with_one_wider_space(tmp_path, "cfp_inner", 2)
     assert inner["programs"] > 0 and paper["programs"] > 0
     assert "`analyze(..., batch_inner=True)`" in section.split("\n\n")[1], section[:600]
     best = best_of_spaces(frame).set_index("plan").loc["cfp_best"]
@@ -512,7 +512,7 @@ def test_the_contract_last_space_is_profiled_and_judged_beside_the_paper_s(tmp_p
     as many programs (those of the combine's K its own, the rest the paper's), its plan is
     judged by its own whole step, and the fastest over every space is the faster prediction
     of the two (the paper's where they tie)."""
-    frame, paper, last, section = _tiny_gpt_with_one_wider_space(
+    frame, paper, last, section = _tiny_case_with_one_wider_space(
         tmp_path, "cfp_klast", 8, model="moe", mesh=(4,), layers=2
     )
     assert last["programs"] == paper["programs"] > 0
